@@ -1,0 +1,354 @@
+"""The ``perfguard`` command: look at baselines, compare two runs, migrate and validate files.
+
+Every bad file ends as one message on stderr and exit status 1, never a traceback, so the command can sit in
+CI and pre-commit hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from pytest_perfguard.baseline import (
+    DEFAULT_FOLDER,
+    SCHEMA_VERSION,
+    BaselineError,
+    BaselineFile,
+    JSONFileError,
+    load_json_text,
+    migrate_file,
+    parse_baseline,
+    read_baseline,
+)
+from pytest_perfguard.results_io import RESULTS_KIND, ResultRecord, ResultsFile, parse_results, read_results
+
+_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
+
+
+def _unit(ns: float) -> tuple[float, str]:
+    for scale, name in _UNITS:
+        if ns >= scale:
+            return scale, name
+    return 1.0, "ns"
+
+
+def _digits(value: float) -> int:
+    """Decimals for about four significant figures."""
+    return 1 if value >= 100 else 2 if value >= 10 else 3
+
+
+def format_time(ns: float, ci: tuple[float, float] | None = None) -> str:
+    """A time in ns as "9.123 µs", with its CI "[9.100, 9.150]" in the same unit."""
+    scale, unit = _unit(ns)
+    digits = _digits(ns / scale)
+    text = f"{ns / scale:.{digits}f} {unit}"
+    if ci is not None:
+        text += f" [{ci[0] / scale:.{digits}f}, {ci[1] / scale:.{digits}f}]"
+    return text
+
+
+def format_ratio(ratio: float | None, ci: tuple[float, float] | None) -> str:
+    """A ratio with its CI, or "-" when no reference was timed."""
+    if ratio is None:
+        return "-"
+    text = f"{ratio:.3f}"
+    if ci is not None:
+        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return text
+
+
+def device_line(device: dict[str, Any]) -> str:
+    """One line naming the device model and the versions the numbers belong to."""
+    rest = ", ".join(
+        f"{key} {device[key]}"
+        for key in sorted(device)
+        if key not in ("name", "slug") and device[key] is not None
+    )
+    name = device.get("name", "?")
+    return f"device: {name}" + (f" ({rest})" if rest else "")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _err(message: str) -> None:
+    print(f"perfguard: error: {message}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------- show
+
+
+def _baseline_paths(target: Path) -> list[Path]:
+    if target.is_dir():
+        return sorted(path for path in target.glob("*.json") if path.is_file())
+    return [target]
+
+
+def _show_one(bf: BaselineFile) -> None:
+    print(f"{bf.path}")
+    print(device_line(bf.device))
+    if bf.migrated_from is not None:
+        print(
+            f"note: schema {bf.migrated_from} file, migrated in memory; rewrite with `perfguard migrate {bf.path}`"
+        )
+    rows = [
+        [
+            case_id,
+            entry.workload_desc or "?",
+            format_time(entry.median_ns, entry.ci_ns),
+            format_ratio(entry.ratio, entry.ratio_ci),
+            f"{entry.noise * 100:.2f}%",
+            entry.runs,
+            entry.updated or "?",
+        ]
+        for case_id, entry in sorted(bf.cases.items())
+    ]
+    if rows:
+        headers = ["case", "workload", "time [95% CI]", "ratio [95% CI]", "noise", "runs", "updated"]
+        print(tabulate(rows, headers=headers, disable_numparse=True))
+    else:
+        print("(no cases)")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Print every baseline at the path; exit 1 if any is missing or bad."""
+    target = Path(args.path)
+    if not target.exists():
+        _err(f"{target}: no such baseline file or folder")
+        return 1
+    paths = _baseline_paths(target)
+    if not paths:
+        print(f"{target}: no baseline files (*.json)")
+        return 0
+    status = 0
+    for number, path in enumerate(paths):
+        if number:
+            print()
+        try:
+            bf = read_baseline(path)
+        except BaselineError as exc:
+            _err(str(exc))
+            status = 1
+            continue
+        _show_one(bf)
+    return status
+
+
+# ---------------------------------------------------------------------------------------------- compare
+
+
+def _half_width(ci: tuple[float, float]) -> float:
+    return (math.log(ci[1]) - math.log(ci[0])) / 2.0
+
+
+def change_ci(a: ResultRecord, b: ResultRecord) -> tuple[float, tuple[float, float] | None] | None:
+    """B/A and an approximate 95% CI: the two CIs' log half-widths combined in quadrature.
+
+    None when either side was not timed; the CI is None when either side has none.
+    """
+    if a.median_ns is None or b.median_ns is None:
+        return None
+    change = b.median_ns / a.median_ns
+    if a.ci_ns is None or b.ci_ns is None:
+        return change, None
+    half = math.hypot(_half_width(a.ci_ns), _half_width(b.ci_ns))
+    return change, (change * math.exp(-half), change * math.exp(half))
+
+
+def classify(ci: tuple[float, float] | None, margin: float) -> str:
+    """slower / faster when the whole CI is past the margin; same when it lies inside it; else unclear."""
+    if ci is None:
+        return "unclear (no CI)"
+    lo, hi = ci
+    if lo > 1.0 + margin:
+        return "slower"
+    if hi < 1.0 / (1.0 + margin):
+        return "faster"
+    if lo >= 1.0 / (1.0 + margin) and hi <= 1.0 + margin:
+        return "same"
+    return "unclear"
+
+
+def device_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Keys whose values differ between two device descriptions, as "key 'x' vs 'y'"."""
+    return [
+        f"{key} {a.get(key)!r} vs {b.get(key)!r}"
+        for key in sorted(set(a) | set(b))
+        if key != "slug" and a.get(key) != b.get(key)
+    ]
+
+
+def _compare_rows(
+    a: ResultsFile, b: ResultsFile, margin: float
+) -> tuple[list[list[str]], int, list[str], list[str]]:
+    a_by, b_by = a.by_id(), b.by_id()
+    rows: list[list[str]] = []
+    slower = 0
+    for case_id in sorted(set(a_by) & set(b_by)):
+        ra, rb = a_by[case_id], b_by[case_id]
+        result = change_ci(ra, rb)
+        if result is None:
+            untimed = [
+                f"{side} {r.extra.get('outcome') or r.verdict or 'not timed'}"
+                for side, r in (("A", ra), ("B", rb))
+                if r.median_ns is None
+            ]
+            change_text, flag = "-", "not timed (" + ", ".join(untimed) + ")"
+        else:
+            change, ci = result
+            change_text = format_ratio(change, ci)
+            flag = classify(ci, margin)
+        env_a, env_b = ra.extra.get("env"), rb.extra.get("env")
+        if isinstance(env_a, dict) and isinstance(env_b, dict) and env_a != env_b:
+            flag += " (env differs)"
+        slower += flag.startswith("slower")
+        rows.append(
+            [
+                case_id,
+                "-" if ra.median_ns is None else format_time(ra.median_ns, ra.ci_ns),
+                "-" if rb.median_ns is None else format_time(rb.median_ns, rb.ci_ns),
+                change_text,
+                flag,
+            ]
+        )
+    only_a = sorted(set(a_by) - set(b_by))
+    only_b = sorted(set(b_by) - set(a_by))
+    return rows, slower, only_a, only_b
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Print B against A per common case; exit 1 on a regression only with --fail-on-regression."""
+    if not (math.isfinite(args.margin) and args.margin >= 0):
+        _err(f"--margin must be a number >= 0, got {args.margin}")
+        return 2
+    try:
+        a = read_results(Path(args.a))
+        b = read_results(Path(args.b))
+    except JSONFileError as exc:
+        _err(str(exc))
+        return 1
+    print(f"A: {a.path}  {device_line(a.device)}")
+    print(f"B: {b.path}  {device_line(b.device)}")
+    differences = device_differences(a.device, b.device)
+    if differences:
+        print(f"warning: not comparable: {'; '.join(differences)}")
+    rows, slower, only_a, only_b = _compare_rows(a, b, args.margin)
+    if rows:
+        headers = ["case", "A [95% CI]", "B [95% CI]", "B/A [95% CI]", f"flag (margin {args.margin:g})"]
+        print(tabulate(rows, headers=headers, disable_numparse=True))
+    else:
+        print("no case in common")
+    if only_a:
+        print(f"only in A ({len(only_a)}): " + ", ".join(only_a))
+    if only_b:
+        print(f"only in B ({len(only_b)}): " + ", ".join(only_b))
+    print(f"{slower} slower of {len(rows)} compared")
+    return 1 if args.fail_on_regression and slower else 0
+
+
+# ------------------------------------------------------------------------------------- migrate / validate
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Rewrite old-schema baselines in the current schema, atomically."""
+    status = 0
+    for raw in args.paths:
+        path = Path(raw)
+        try:
+            old = migrate_file(path)
+        except BaselineError as exc:
+            _err(str(exc))
+            status = 1
+            continue
+        if old is None:
+            print(f"{path}: already schema {SCHEMA_VERSION}, nothing to do")
+        else:
+            print(f"{path}: migrated from schema {old} to {SCHEMA_VERSION}")
+    return status
+
+
+def validate_file(path: Path) -> str:
+    """Check one baseline or results file; returns a one-line description, raises JSONFileError if bad."""
+    obj, exists = load_json_text(path, BaselineError, "perfguard JSON")
+    if not exists:
+        raise BaselineError(f"{path}: no such file")
+    if isinstance(obj, dict) and obj.get("kind") == RESULTS_KIND:
+        results = parse_results(path, obj)
+        return f"results, {_plural(len(results.results), 'record')}"
+    bf = parse_baseline(path, obj)
+    text = f"baseline, {_plural(len(bf.cases), 'case')}"
+    if bf.migrated_from is not None:
+        text += f", schema {bf.migrated_from}: rewrite with `perfguard migrate {path}`"
+    return text
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Exit 1 if any given file (or *.json in a given folder) is bad; for CI and pre-commit."""
+    status = 0
+    for raw in args.paths:
+        target = Path(raw)
+        paths = _baseline_paths(target) if target.is_dir() else [target]
+        for path in paths:
+            try:
+                description = validate_file(path)
+            except JSONFileError as exc:
+                _err(str(exc))
+                status = 1
+                continue
+            print(f"ok: {path} ({description})")
+    return status
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, separate so tests and docs can inspect it."""
+    parser = argparse.ArgumentParser(
+        prog="perfguard", description="Inspect and maintain perfguard baselines."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    show = sub.add_parser("show", help="print a baseline file, or every *.json in a folder")
+    show.add_argument(
+        "path", nargs="?", default=str(DEFAULT_FOLDER), help=f"file or folder (default {DEFAULT_FOLDER})"
+    )
+    show.set_defaults(func=cmd_show)
+
+    compare = sub.add_parser("compare", help="compare two results files (--perfguard-json) case by case")
+    compare.add_argument("a", metavar="A.json")
+    compare.add_argument("b", metavar="B.json")
+    compare.add_argument(
+        "--margin", type=float, default=0.02, help="relative change that counts (default 0.02 = 2%%)"
+    )
+    compare.add_argument(
+        "--fail-on-regression", action="store_true", help="exit 1 when any case is slower in B"
+    )
+    compare.set_defaults(func=cmd_compare)
+
+    migrate = sub.add_parser("migrate", help="rewrite old-schema baseline files in the current schema")
+    migrate.add_argument("paths", nargs="+", metavar="PATH")
+    migrate.set_defaults(func=cmd_migrate)
+
+    validate = sub.add_parser("validate", help="check baseline/results files; exit 1 if any is bad")
+    validate.add_argument("paths", nargs="+", metavar="PATH")
+    validate.set_defaults(func=cmd_validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``perfguard`` console script."""
+    args = build_parser().parse_args(argv)
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The correctness gate: every variant, every run, several fresh seeds, against a float64 oracle.
+
+The seeds' first lesson was that every kernel they had was silently wrong. So the gate is strict about
+the ways kernels lie: unwritten output (the allocator is poisoned with NaN before the call), NaN or Inf
+where the oracle is finite, inputs modified in place, a result of the wrong type, shape, dtype or
+device, and errors larger than PyTorch's own native-precision path makes (FlashAttention's test rule:
+at most twice that error, plus a small epsilon), with an absolute/relative backstop per dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+# Backstop bounds (atol, rtol) per dtype. KernelBench uses 1e-2 for half precision; bf16 has 3 fewer
+# mantissa bits than fp16, so its bound is wider. The FlashAttention rule below is the sharper test.
+DEFAULT_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float32: (1e-4, 1e-4),
+    torch.float64: (1e-10, 1e-10),
+}
+FA_FACTOR = 2.0
+FA_EPSILON = 1e-5
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    native_factor: float | None = FA_FACTOR  # None disables the native-precision (FlashAttention) bound
+
+
+def resolve_tolerance(
+    dtype: torch.dtype, overrides: Sequence[Mapping[Any, Mapping[str, float]] | None]
+) -> Tolerance:
+    """Case-level then variant-level overrides on top of the defaults; later entries win."""
+    atol, rtol = DEFAULT_TOLERANCE.get(dtype, (1e-5, 1e-5))
+    factor: float | None = FA_FACTOR if dtype in (torch.float16, torch.bfloat16) else None
+    for table in overrides:
+        if not table or dtype not in table:
+            continue
+        entry = table[dtype]
+        atol = float(entry.get("atol", atol))
+        rtol = float(entry.get("rtol", rtol))
+        if "native_factor" in entry:
+            nf = entry["native_factor"]
+            factor = None if nf is None else float(nf)
+    return Tolerance(atol, rtol, factor)
+
+
+@dataclass
+class SeedReport:
+    seed: int
+    max_abs: float
+    rel_fro: float
+    worst_index: tuple[int, ...]
+    native_max_abs: float | None
+
+
+@dataclass
+class CorrectnessReport:
+    passed: bool
+    seeds: list[int]
+    per_seed: list[SeedReport] = field(default_factory=list)
+    message: str = ""
+    dtype: str = ""
+
+    @property
+    def max_abs(self) -> float:
+        return max((s.max_abs for s in self.per_seed), default=math.nan)
+
+    @property
+    def rel_fro(self) -> float:
+        return max((s.rel_fro for s in self.per_seed), default=math.nan)
+
+    def to_json(self) -> dict[str, Any]:
+        worst = max(self.per_seed, key=lambda s: s.max_abs, default=None)
+        return {
+            "passed": self.passed,
+            "seeds": self.seeds,
+            "dtype": self.dtype,
+            "max_abs": _finite_or_none(self.max_abs),
+            "rel_fro": _finite_or_none(self.rel_fro),
+            "worst_index": list(worst.worst_index) if worst else None,
+            "native_max_abs": _finite_or_none(worst.native_max_abs) if worst and worst.native_max_abs is not None else None,
+            "message": self.message,
+        }
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _tensors(inputs: Inputs) -> list[tuple[str, torch.Tensor]]:
+    args, kwargs = inputs
+    out = [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    out += [(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _map_inputs(inputs: Inputs, fn: Callable[[torch.Tensor], torch.Tensor]) -> Inputs:
+    args, kwargs = inputs
+    return (
+        tuple(fn(a) if isinstance(a, torch.Tensor) else a for a in args),
+        {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()},
+    )
+
+
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float64) if t.is_floating_point() else t.detach().clone()
+
+
+def poison_allocator(inputs: Inputs) -> None:
+    """Leaves NaN bytes in the CUDA caching allocator's free blocks of the sizes the call is likely to ask for.
+
+    A kernel that allocates its output and forgets to write part of it then returns NaN there, which the
+    gate reports as unwritten output. 0xFF bytes are NaN in fp16, bf16, fp32 and fp64. The CPU allocator
+    hands out fresh pages, so on CPU this is not possible and unwritten output may read as zero.
+    """
+    tensors = [t for _, t in _tensors(inputs) if t.is_cuda]
+    if not tensors:
+        return
+    sizes = sorted({t.numel() * t.element_size() for t in tensors})
+    blocks = [torch.empty(n, dtype=torch.uint8, device=tensors[0].device).fill_(0xFF) for n in sizes for _ in range(2)]
+    torch.cuda.synchronize(tensors[0].device)
+    del blocks
+
+
+def _index(flat_index: int, shape: Sequence[int]) -> tuple[int, ...]:
+    idx: list[int] = []
+    for dim in reversed(shape):
+        idx.append(flat_index % dim if dim else 0)
+        flat_index //= dim if dim else 1
+    return tuple(reversed(idx))
+
+
+class CorrectnessFailure(AssertionError):
+    """The variant computed the wrong thing; the message says how, with the seed to reproduce it."""
+
+
+def check_once(
+    fn: Callable[..., Any],
+    reference: Callable[..., Any],
+    make_inputs: Callable[[int], Inputs],
+    seed: int,
+    overrides: Sequence[Mapping[Any, Mapping[str, float]] | None],
+) -> SeedReport:
+    inputs = make_inputs(seed)
+    tensors = _tensors(inputs)
+    if not tensors:
+        raise CorrectnessFailure("the test returned no tensor inputs: return ((q, k, v, ...), {kwargs})")
+    untouched = [(name, t.detach().clone()) for name, t in tensors]
+    upcast = _map_inputs(inputs, _upcast)
+    floats = [t for _, t in tensors if t.is_floating_point()]
+    in_dtype = floats[0].dtype if floats else tensors[0][1].dtype
+    device = tensors[0][1].device
+
+    poison_allocator(inputs)
+    out = fn(*inputs[0], **inputs[1])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+    for (name, before), (_, after) in zip(untouched, tensors, strict=True):
+        if before.shape != after.shape or not torch.equal(before.nan_to_num(), after.detach().nan_to_num()):
+            raise CorrectnessFailure(f"input {name} was modified in place by the variant (seed {seed})")
+
+    if type(out) is not torch.Tensor:
+        raise CorrectnessFailure(f"the variant returned {type(out).__name__}, expected a plain torch.Tensor (seed {seed})")
+
+    ref = reference(*upcast[0], **upcast[1])
+    if not isinstance(ref, torch.Tensor):
+        raise CorrectnessFailure(f"the reference returned {type(ref).__name__}, expected a torch.Tensor")
+    native: torch.Tensor | None
+    try:
+        native_out = reference(*_map_inputs(inputs, lambda t: t.detach().clone())[0], **inputs[1])
+        native = native_out if isinstance(native_out, torch.Tensor) else None
+    except Exception:  # some reference paths have no native half-precision kernel on some devices
+        native = None
+    expected_dtype = native.dtype if native is not None else in_dtype
+
+    if tuple(out.shape) != tuple(ref.shape):
+        raise CorrectnessFailure(f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)} (seed {seed})")
+    if out.dtype != expected_dtype:
+        raise CorrectnessFailure(f"output dtype {out.dtype} != expected {expected_dtype} (seed {seed})")
+    if out.device != device:
+        raise CorrectnessFailure(f"output on {out.device}, inputs on {device} (seed {seed})")
+
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(torch.float64).to(o.device)
+    ref_finite = torch.isfinite(r)
+    bad = ~torch.isfinite(o) & ref_finite
+    if bool(bad.any()):
+        count = int(bad.sum())
+        first = _index(int(torch.nonzero(bad.flatten())[0]), o.shape)
+        raise CorrectnessFailure(
+            f"{count} of {o.numel()} output elements are NaN/Inf where the reference is finite, first at index "
+            f"{first} (seed {seed}): unwritten output or overflow"
+        )
+    mismatch = ~ref_finite & ~((torch.isnan(o) & torch.isnan(r)) | (o == r))
+    if bool(mismatch.any()):
+        first = _index(int(torch.nonzero(mismatch.flatten())[0]), o.shape)
+        raise CorrectnessFailure(f"reference is non-finite at {first} but the output differs there (seed {seed})")
+
+    diff = torch.where(ref_finite, (o - r).abs(), torch.zeros_like(o))
+    flat = int(torch.argmax(diff))
+    max_abs = float(diff.flatten()[flat])
+    worst = _index(flat, o.shape)
+    ref_norm = float(torch.linalg.vector_norm(torch.where(ref_finite, r, torch.zeros_like(r))))
+    rel_fro = float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm > 0 else (0.0 if max_abs == 0 else math.inf)
+
+    tol = resolve_tolerance(expected_dtype, overrides)
+    native_err: float | None = None
+    if native is not None:
+        nd = (native.detach().to(torch.float64).to(o.device) - r).abs()
+        native_err = float(torch.where(ref_finite, nd, torch.zeros_like(nd)).max()) if nd.numel() else 0.0
+    detail = (
+        f"max abs error {max_abs:.3g} at index {worst} (output {float(o.flatten()[flat]):.6g}, reference "
+        f"{float(r.flatten()[flat]):.6g}), relative Frobenius error {rel_fro:.3g}"
+    )
+    if tol.native_factor is not None and native_err is not None:
+        bound = tol.native_factor * native_err + FA_EPSILON
+        if max_abs > bound:
+            raise CorrectnessFailure(
+                f"native-precision bound failed (seed {seed}): {detail} > {tol.native_factor:g} x the native "
+                f"{expected_dtype} path's error {native_err:.3g} + {FA_EPSILON:g} = {bound:.3g}"
+            )
+    allowed = tol.atol + tol.rtol * r.abs()
+    over = (diff > allowed) & ref_finite
+    if bool(over.any()):
+        count = int(over.sum())
+        raise CorrectnessFailure(
+            f"atol/rtol bound failed (seed {seed}): {count} of {o.numel()} elements exceed atol={tol.atol:g} + "
+            f"rtol={tol.rtol:g} x |reference|; {detail}"
+        )
+    return SeedReport(seed, max_abs, rel_fro, worst, native_err)
+
+
+def check(
+    fn: Callable[..., Any],
+    reference: Callable[..., Any],
+    make_inputs: Callable[[int], Inputs],
+    seeds: Sequence[int],
+    overrides: Sequence[Mapping[Any, Mapping[str, float]] | None] = (),
+) -> CorrectnessReport:
+    """Runs the gate for every seed; stops at the first failing seed and says which one it was."""
+    report = CorrectnessReport(passed=True, seeds=list(seeds))
+    for seed in seeds:
+        try:
+            report.per_seed.append(check_once(fn, reference, make_inputs, seed, overrides))
+        except CorrectnessFailure as exc:
+            report.passed = False
+            report.message = f"{exc}. Seeds drawn for this run: {list(seeds)}; reproduce with --perfguard-seed={seed}"
+            break
+    return report

@@ -1,0 +1,159 @@
+"""What machine the numbers came from, and whether it was disturbed while they were taken.
+
+A baseline is only comparable on the same device model with the same software stack: the fingerprint
+lists what moves timings (GPU model and capability, torch, triton, CUDA, the SDPA backend that ran).
+NVML, when present, reports clock throttling and other compute processes during a measurement; both make
+a verdict inconclusive rather than a regression.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Keys whose change makes stored timings incomparable. The driver is recorded but not compared: it
+# rarely moves kernel time, and machines of one model in a runner pool often differ in it.
+COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "sdpa_backend")
+
+
+def slugify(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug or "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return str(triton.__version__)
+    except Exception:
+        return None
+
+
+def _nvml() -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:
+        return None
+
+
+def fingerprint(device: str) -> dict[str, Any]:
+    """The device dictionary stored in baselines and results. `device` is "cpu" or "cuda[:i]"."""
+    info: dict[str, Any] = {"torch": torch.__version__, "triton": _triton_version()}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        dev = torch.device(device)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        info.update(
+            kind="cuda",
+            name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sm_count=props.multi_processor_count,
+            l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
+            memory_bytes=int(props.total_memory),
+            cuda=torch.version.cuda,
+            driver=None,
+        )
+        nv = _nvml()
+        if nv is not None:
+            with contextlib.suppress(Exception):
+                info["driver"] = _text(nv.nvmlSystemGetDriverVersion())
+        info["slug"] = slugify(props.name)
+    else:
+        name = _cpu_model()
+        info.update(kind="cpu", name=name, capability=None, cores=os.cpu_count(), cuda=None, driver=None)
+        info["slug"] = "cpu-" + slugify(name)
+    return info
+
+
+def _sibling(pid: int) -> bool:
+    """True for processes of this test session (xdist workers share our parent); they hold a context, not load."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[1]) in (os.getppid(), os.getpid())
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def incomparable(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable differences that make a stored figure incomparable with the current one."""
+    out = []
+    for key in COMPARED_KEYS:
+        if key in stored and stored.get(key) != current.get(key):
+            out.append(f"{key} {stored.get(key)} -> {current.get(key)}")
+    return out
+
+
+@dataclass
+class Disturbances:
+    """Watches one GPU through NVML during a measurement: throttling and foreign compute processes."""
+
+    index: int
+    handle: Any = None
+    nv: Any = None
+    seen: list[str] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, device: str) -> Disturbances | None:
+        if not device.startswith("cuda"):
+            return None
+        nv = _nvml()
+        if nv is None:
+            return None
+        dev = torch.device(device)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except Exception:
+            return None
+        return cls(index=index, handle=handle, nv=nv)
+
+    def check(self) -> str | None:
+        """One reading; returns a description of a disturbance, or None when the GPU looked clean."""
+        nv = self.nv
+        try:
+            reasons = int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle))
+        except Exception:
+            reasons = 0
+        bad = {
+            "HW slowdown": getattr(nv, "nvmlClocksThrottleReasonHwSlowdown", 0x8),
+            "SW thermal slowdown": getattr(nv, "nvmlClocksThrottleReasonSwThermalSlowdown", 0x20),
+            "HW thermal slowdown": getattr(nv, "nvmlClocksThrottleReasonHwThermalSlowdown", 0x40),
+            "HW power brake": getattr(nv, "nvmlClocksThrottleReasonHwPowerBrakeSlowdown", 0x80),
+        }
+        for label, bit in bad.items():
+            if reasons & int(bit):
+                return f"GPU {self.index} throttled ({label}) during timing"
+        try:
+            procs = nv.nvmlDeviceGetComputeRunningProcesses(self.handle)
+            others = [int(p.pid) for p in procs if int(p.pid) != os.getpid() and not _sibling(int(p.pid))]
+        except Exception:
+            others = []
+        if others:
+            return f"other compute processes on GPU {self.index} during timing (pids {others[:5]})"
+        return None

@@ -1,0 +1,274 @@
+"""pytest hooks, options and fixtures of pytest-perfguard. Thin: the work lives in the other modules."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import baseline as bl
+from .marker import MARK_NAME, VARIANT_ARG, PerfCase
+from .runner import Runner, SessionState, Settings, make_state
+from .session import Outcome, baseline_file, finish
+
+STATE = pytest.StashKey[SessionState]()
+MERGED = pytest.StashKey[dict[str, Any]]()
+OUTCOME = pytest.StashKey[Outcome]()
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+# name -> (help, type, default); every setting has a CLI option, an env variable and an ini key.
+_SETTINGS: dict[str, tuple[str, str, Any]] = {
+    "baseline_dir": ("folder of the per-device baseline JSON files", "path", ".ci/baselines"),
+    "margin": ("regression margin as a fraction (0.02 = 2%); never below 3x the stored between-run noise", "float", 0.02),
+    "ci_target": ("stop measuring a case once the 95% CI half-width is under this fraction", "float", 0.01),
+    "case_budget": ("seconds of measurement per case (per re-measurement)", "float", 5.0),
+    "total_budget": ("seconds of measurement for the whole run; 0 = unlimited", "float", 0.0),
+    "json": ("write every result to this JSON file", "path", None),
+    "strict": ("fail on a missing baseline, an incomparable one, or an inconclusive verdict", "bool", False),
+    "require_gpu": ("fail, not skip, when a variant needs a GPU that is not there", "bool", False),
+    "device": ("where to run: auto (CUDA if available), cpu, cuda, cuda:N", "str", "auto"),
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perfguard", "correctness and performance guard for kernels")
+    group.addoption("--perfguard", action="store_true", dest="perfguard", default=None,
+                    help="time every perf case against its reference and apply the baseline and ratio gates")
+    group.addoption("--perfguard-update-baseline", action="store_true", dest="perfguard_update", default=None,
+                    help="measure and record baselines (implies --perfguard)")
+    group.addoption("--perfguard-prune", action="store_true", dest="perfguard_prune", default=None,
+                    help="with --perfguard-update-baseline: remove stored cases that were not collected")
+    group.addoption("--perfguard-seed", dest="perfguard_seed", default=None, type=int,
+                    help="use seeds N, N+1, ... instead of fresh random ones (to reproduce a failure)")
+    for name, (help_text, kind, default) in _SETTINGS.items():
+        flag = "--perfguard-" + name.replace("_", "-")
+        env = "PERFGUARD_" + name.upper()
+        if kind == "bool":
+            group.addoption(flag, action="store_true", dest=f"perfguard_{name}", default=None,
+                            help=f"{help_text} (env {env}, ini perfguard_{name})")
+        else:
+            group.addoption(flag, dest=f"perfguard_{name}", default=None,
+                            help=f"{help_text} (env {env}, ini perfguard_{name}; default {default})")
+        if kind == "bool":
+            parser.addini(f"perfguard_{name}", help_text, type="bool", default=default)
+        else:
+            parser.addini(f"perfguard_{name}", help_text, type="string", default=default)
+
+
+def _resolve(config: pytest.Config, name: str) -> Any:
+    """CLI > env > ini > default, and say where a bad value came from."""
+    _, kind, default = _SETTINGS[name]
+    env = "PERFGUARD_" + name.upper()
+    cli = config.getoption(f"perfguard_{name}")
+    if cli is not None:
+        raw, source = cli, f"--perfguard-{name.replace('_', '-')}"
+    elif env in os.environ:
+        raw, source = os.environ[env], f"environment variable {env}"
+    else:
+        raw, source = config.getini(f"perfguard_{name}"), f"ini option perfguard_{name}"
+    if raw is None or raw == "":
+        return default if kind != "path" or default is None else Path(default)
+    try:
+        return _convert(raw, kind, name)
+    except ValueError as exc:
+        raise pytest.UsageError(f"Invalid value {raw!r} from {source}: {exc}") from None
+
+
+def _convert(raw: Any, kind: str, name: str) -> Any:
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+    if kind == "float":
+        value = float(raw)
+        if not value >= 0 or value != value or value == float("inf"):
+            raise ValueError("expected a finite number >= 0")
+        if name in ("margin", "ci_target") and not 0 < value < 1:
+            raise ValueError("expected a fraction between 0 and 1 (0.02 means 2%)")
+        if name == "case_budget" and value <= 0:
+            raise ValueError("expected a positive number of seconds")
+        return value
+    if kind == "path":
+        return Path(str(raw))
+    text = str(raw)
+    if name == "device" and not (text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit())):
+        raise ValueError("expected auto, cpu, cuda or cuda:N")
+    return text
+
+
+def _pick_device(config: pytest.Config, wanted: str) -> str:
+    import torch
+
+    if wanted == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"  # variants that need CUDA skip (or fail under --perfguard-require-gpu)
+    if wanted.startswith("cuda:"):
+        return wanted
+    worker = getattr(config, "workerinput", {}).get("workerid", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    return f"cuda:{index % torch.cuda.device_count()}"
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARK_NAME}(case): set by @perf_case; one item per kernel variant, checked for correctness and, with --perfguard, timed",
+    )
+    update = bool(config.getoption("perfguard_update"))
+    settings = Settings(
+        enabled=bool(config.getoption("perfguard")) or update,
+        update=update,
+        prune=bool(config.getoption("perfguard_prune")),
+        baseline_dir=_resolve(config, "baseline_dir"),
+        margin=_resolve(config, "margin"),
+        ci_target=_resolve(config, "ci_target"),
+        case_budget=_resolve(config, "case_budget"),
+        total_budget=_resolve(config, "total_budget"),
+        json_path=_resolve(config, "json"),
+        strict=_resolve(config, "strict"),
+        require_gpu=_resolve(config, "require_gpu"),
+        seed=config.getoption("perfguard_seed"),
+    )
+    if settings.prune and not settings.update:
+        raise pytest.UsageError("--perfguard-prune only works with --perfguard-update-baseline; add it or drop --perfguard-prune.")
+    settings.device = _pick_device(config, _resolve(config, "device"))
+    if settings.require_gpu and not settings.device.startswith("cuda"):
+        # Checked per item too (so the failure names the case); this is the early, clear message.
+        config.issue_config_time_warning(
+            pytest.PytestWarning("--perfguard-require-gpu: no CUDA GPU is visible; GPU variants will fail"), stacklevel=2
+        )
+    state = make_state(settings)
+    if settings.enabled:
+        path = baseline_file(state)
+        try:
+            state.baseline = bl.read_baseline(path)
+        except bl.BaselineError as exc:
+            raise pytest.UsageError(f"perfguard: {exc}") from None
+    config.stash[STATE] = state
+    config.stash[MERGED] = {"records": [], "collected": set(), "deselected": False}
+
+
+def _state(config: pytest.Config) -> SessionState:
+    return config.stash[STATE]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    mark = metafunc.definition.get_closest_marker(MARK_NAME)
+    if mark is None:
+        return
+    case: PerfCase = mark.args[0]
+    names = list(case.variants)
+    metafunc.parametrize(VARIANT_ARG, names, ids=names)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    perf = [i for i in items if i.get_closest_marker(MARK_NAME) is not None]
+    _state(config).family_size = max(1, len(perf))
+    config.stash[MERGED]["collected"] = {i.nodeid for i in perf}
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        config = items[0].config
+        if MERGED in config.stash:
+            config.stash[MERGED]["deselected"] = True
+
+
+@pytest.fixture
+def perfguard_runner(request: pytest.FixtureRequest) -> Runner:
+    """Runs the current perf item (used by @perf_case; not meant to be requested directly)."""
+    return Runner(_state(request.config), request.node)
+
+
+@pytest.fixture
+def perfguard_device(request: pytest.FixtureRequest) -> str:
+    """The device perf cases run on: "cuda:N" when a GPU is visible (one per xdist worker), else "cpu"."""
+    return _state(request.config).settings.device
+
+
+# ------------------------------------------------------------------------------------------- xdist
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    state = _state(config)
+    merged = config.stash[MERGED]
+    if _is_worker(config):
+        config.workeroutput["perfguard"] = json.dumps(  # type: ignore[attr-defined]
+            {
+                "records": state.records,
+                "collected": sorted(merged["collected"]),
+                "deselected": merged["deselected"],
+                "poisoned_by": state.poisoned_by,
+                "family_size": state.family_size,
+            },
+            default=str,
+        )
+        return
+    records = merged["records"] + state.records
+    if not merged["records"]:
+        pass
+    collected = None if merged["deselected"] else set(merged["collected"])
+    if not state.settings.enabled and not state.records and not merged["records"]:
+        config.stash[OUTCOME] = Outcome()
+        return
+    outcome = finish(state, records, collected_ids=collected)
+    config.stash[OUTCOME] = outcome
+    config.stash[MERGED]["final"] = records
+    if outcome.errors and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    out = getattr(node, "workeroutput", None) or {}
+    raw = out.get("perfguard")
+    if not raw:
+        return
+    data = json.loads(raw)
+    config = node.config
+    merged = config.stash[MERGED]
+    merged["records"].extend(data["records"])
+    merged["collected"].update(data["collected"])
+    merged["deselected"] = merged["deselected"] or data["deselected"]
+    state = _state(config)
+    state.family_size = max(state.family_size, int(data.get("family_size", 1)))
+    if data.get("poisoned_by"):
+        state.poisoned_by = data["poisoned_by"]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _is_worker(config) or OUTCOME not in config.stash:
+        return
+    state = _state(config)
+    outcome = config.stash[OUTCOME]
+    records = config.stash[MERGED].get("final") or []
+    if not (state.settings.enabled or outcome.errors):
+        return
+    from .report import table
+
+    tr: Callable[..., Any] = terminalreporter.write_sep
+    tr("=", f"perfguard: {state.device_info.get('name')} ({state.settings.device}), torch {state.device_info.get('torch')}")
+    if records:
+        terminalreporter.write_line(table(records))
+    for line in outcome.messages:
+        terminalreporter.write_line(line)
+    for line in outcome.errors:
+        terminalreporter.write_line(line, red=True, bold=True)

@@ -1,0 +1,382 @@
+"""Runs one perf item: requirement -> correctness -> measurement -> verdict -> result record.
+
+Data flows one way. The runner reads the stored baseline but never writes it: workers only produce
+JSON-able records, and the controller (session.py) merges, writes and reports once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from . import baseline as bl
+from .correctness import CorrectnessReport, Inputs, check
+from .device import Disturbances, fingerprint, incomparable
+from .locks import device_lock
+from .marker import VARIANT_ARG, PerfCase, unmet_requirement
+from .stats import relative_half_width
+from .timing import MeasureConfig, Measurement, make_timer, measure, pooled
+from .verdict import (
+    INCONCLUSIVE,
+    NO_BASELINE,
+    NOT_COMPARABLE,
+    REGRESSED,
+    Policy,
+    Verdict,
+    decide,
+)
+
+# Between-run noise floors (sd of ln time across processes). GPU: measured 0.02-0.42% on one H200 with
+# graph replay (GPU-TIMING.md). CPU: a shared 2-core machine moved absolute times by tens of percent
+# between processes while the in-run ratio moved well under 1%, so absolute CPU time is a weak signal.
+NOISE_FLOOR = {"cuda": 0.003, "cpu": 0.10}
+RATIO_NOISE_FLOOR = {"cuda": 0.002, "cpu": 0.05}
+
+
+@dataclass
+class Settings:
+    enabled: bool = False
+    update: bool = False
+    prune: bool = False
+    baseline_dir: Path = Path(".ci/baselines")
+    margin: float = 0.02
+    ci_target: float = 0.01
+    case_budget: float = 5.0
+    total_budget: float = 0.0  # 0: no limit
+    json_path: Path | None = None
+    strict: bool = False
+    require_gpu: bool = False
+    seed: int | None = None
+    device: str = "cpu"
+    alpha: float = 0.05
+
+
+@dataclass
+class SessionState:
+    """Per-process run state (kept in config.stash)."""
+
+    settings: Settings
+    device_info: dict[str, Any]
+    baseline: bl.BaselineFile | None = None
+    family_size: int = 1
+    records: list[dict[str, Any]] = field(default_factory=list)
+    timing_spent_s: float = 0.0
+    poisoned_by: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "cuda" if self.settings.device.startswith("cuda") else "cpu"
+
+    @property
+    def noise_floor(self) -> float:
+        return NOISE_FLOOR[self.kind]
+
+    def policy(self) -> Policy:
+        return Policy(
+            margin=self.settings.margin,
+            alpha=self.settings.alpha,
+            family_size=self.family_size,
+            noise_floor=self.noise_floor,
+            ratio_noise_floor=RATIO_NOISE_FLOOR[self.kind],
+        )
+
+
+def _normalize_inputs(value: Any, test_name: str) -> Inputs:
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], tuple | list)
+        and isinstance(value[1], dict)
+    ):
+        return tuple(value[0]), dict(value[1])
+    raise TypeError(
+        f"{test_name} must return (args, kwargs), e.g. `return (q, k, v), {{'causal': True}}`; got {type(value).__name__}"
+    )
+
+
+def describe_workload(inputs: Inputs) -> str:
+    """Canonical text of what was computed: shapes, dtypes and plain arguments, never values."""
+    args, kwargs = inputs
+
+    def one(x: Any) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).replace('torch.', '')}[{','.join(map(str, x.shape))}]"
+        return repr(x)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())]
+    return " ".join(parts)
+
+
+def workload_hash(desc: str) -> str:
+    return hashlib.sha256(desc.encode()).hexdigest()
+
+
+def _bytes(inputs: Inputs) -> int:
+    args, kwargs = inputs
+    return sum(t.numel() * t.element_size() for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor))
+
+
+def _draw_seeds(n: int, fixed: int | None) -> list[int]:
+    if fixed is not None:
+        return [fixed + i for i in range(n)]
+    sysrand = random.SystemRandom()
+    return [sysrand.randrange(1, 2**31 - 1) for _ in range(n)]
+
+
+def _flops(case: PerfCase, params: dict[str, Any]) -> float | None:
+    if case.flops is None:
+        return None
+    import inspect
+
+    names = inspect.signature(case.flops).parameters
+    try:
+        return float(case.flops(**{k: params[k] for k in names if k in params}))
+    except Exception as exc:
+        raise TypeError(f"flops callable failed with the test parameters {sorted(params)}: {exc}") from exc
+
+
+def _display_params(item: pytest.Item) -> dict[str, Any]:
+    callspec = getattr(item, "callspec", None)
+    raw = dict(callspec.params) if callspec is not None else {}
+    raw.pop(VARIANT_ARG, None)
+    return {k: v if isinstance(v, int | float | str | bool) or v is None else repr(v) for k, v in raw.items()}
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+class Runner:
+    """The `perfguard_runner` fixture's value: runs the item it belongs to."""
+
+    def __init__(self, state: SessionState, item: pytest.Item) -> None:
+        self.state = state
+        self.item = item
+
+    def run(self, case: PerfCase, variant_name: str, factory: Callable[[], Any], params: dict[str, Any]) -> None:
+        state, s = self.state, self.state.settings
+        variant = case.variants[variant_name]
+        record: dict[str, Any] = {
+            "id": self.item.nodeid,
+            "test": getattr(self.item, "originalname", self.item.name),
+            "variant": variant_name,
+            "params": _display_params(self.item),
+            "outcome": "skipped",
+        }
+        reason = unmet_requirement(variant.requires, s.device)
+        if reason:
+            record["reasons"] = [reason]
+            state.records.append(record)
+            if s.require_gpu and not torch.cuda.is_available():
+                pytest.fail(f"--perfguard-require-gpu: {reason}. {gpu_diagnostics()}", pytrace=False)
+            pytest.skip(reason)
+        if state.poisoned_by and s.device.startswith("cuda"):
+            record["outcome"] = "not run"
+            record["reasons"] = [f"not run: CUDA context poisoned by {state.poisoned_by}"]
+            state.records.append(record)
+            pytest.skip(record["reasons"][0])
+
+        def make_inputs(seed: int) -> Inputs:
+            torch.manual_seed(seed)
+            return _normalize_inputs(factory(), record["test"])
+
+        seeds = _draw_seeds(case.seeds, s.seed)
+        record["seeds"] = seeds
+        try:
+            with device_lock(s.device, exclusive=False):
+                report = check(variant.fn, case.reference, make_inputs, seeds, [case.tolerance, variant.tolerance])
+        except Exception as exc:
+            self._crashed(record, exc, "correctness check")
+            raise
+        first = make_inputs(seeds[0])
+        desc = describe_workload(first)
+        record.update(workload=workload_hash(desc), workload_desc=desc, correctness=report.to_json())
+        floats = [t for t in [*first[0], *first[1].values()] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        report.dtype = str(floats[0].dtype).replace("torch.", "") if floats else ""
+        record["correctness"]["dtype"] = report.dtype
+        if not report.passed:
+            record["outcome"] = "failed"
+            record["verdict"] = "incorrect"
+            record["reasons"] = [report.message]
+            state.records.append(record)
+            pytest.fail(f"{variant_name}: incorrect: {report.message}", pytrace=False)
+        if not s.enabled:
+            record["outcome"] = "passed"
+            record["verdict"] = "correct"
+            state.records.append(record)
+            return
+        if s.total_budget and state.timing_spent_s >= s.total_budget:
+            record.update(outcome="passed", verdict=INCONCLUSIVE, reasons=[f"not timed: total budget {s.total_budget:g}s spent"])
+            state.records.append(record)
+            if s.strict:
+                pytest.fail(record["reasons"][0], pytrace=False)
+            return
+        try:
+            self._time_and_judge(case, variant_name, first, make_inputs, seeds, params, record, report)
+        except Exception as exc:
+            if isinstance(exc, pytest.fail.Exception | pytest.skip.Exception):
+                raise
+            self._crashed(record, exc, "timing")
+            raise
+
+    def _crashed(self, record: dict[str, Any], exc: BaseException, stage: str) -> None:
+        record.update(outcome="failed", verdict="error", reasons=[f"{stage} raised {type(exc).__name__}: {exc}"])
+        self.state.records.append(record)
+        if _is_sticky_cuda_error(exc):
+            self.state.poisoned_by = record["id"]
+
+    def _time_and_judge(
+        self,
+        case: PerfCase,
+        variant_name: str,
+        first: Inputs,
+        make_inputs: Callable[[int], Inputs],
+        seeds: Sequence[int],
+        params: dict[str, Any],
+        record: dict[str, Any],
+        report: CorrectnessReport,
+    ) -> None:
+        state, s = self.state, self.state.settings
+        variant = case.variants[variant_name]
+        copies: dict[int, Inputs] = {0: first}
+        base_seed = seeds[0] + 10_007
+
+        def inputs_for(i: int) -> Inputs:
+            if i not in copies:
+                copies[i] = make_inputs(base_seed + i)
+            return copies[i]
+
+        def call_of(fn: Callable[..., Any]) -> Callable[[int], Callable[[], object]]:
+            def make(i: int) -> Callable[[], object]:
+                args, kwargs = inputs_for(i)
+                return lambda: fn(*args, **kwargs)
+
+            return make
+
+        against = call_of(case.against) if case.against is not None else None
+        cfg = MeasureConfig(target=s.ci_target, budget_s=s.case_budget)
+        timer = make_timer(s.device, case.clock)
+        monitor = Disturbances.open(s.device)
+        on_block = monitor.check if monitor is not None else None
+        t0 = time.monotonic()
+        with device_lock(s.device, exclusive=True):
+            m = measure(call_of(variant.fn), against, timer, cfg, bytes_per_copy=_bytes(first), on_block=on_block)
+        env = self._env(case, first)
+        stored = state.baseline.cases.get(self.item.nodeid) if state.baseline is not None else None
+        max_ratio = variant.max_ratio if variant.max_ratio is not None else case.max_ratio
+        policy = state.policy()
+        why_not = incomparable(stored.env, env) if stored is not None else []
+
+        def judge(meas: Measurement) -> Verdict:
+            return decide(
+                meas.variant_blocks,
+                meas.against_blocks,
+                None if s.update else stored,
+                workload=record["workload"],
+                env=env,
+                policy=policy,
+                max_ratio=max_ratio,
+                incomparable=why_not,
+                disturbances=meas.notes,
+            )
+
+        verdict = judge(m)
+        if verdict.needs_remeasure and not s.update:
+            # Re-measure once, in a fresh random order, and decide on all blocks together.
+            with device_lock(s.device, exclusive=True):
+                m2 = measure(call_of(variant.fn), against, timer, cfg, copies=m.reps, bytes_per_copy=_bytes(first), on_block=on_block)
+            m = pooled(m, m2, cfg.confidence)
+            verdict = judge(m)
+            verdict.notes.append("re-measured once in a fresh order (blocks pooled)")
+        state.timing_spent_s += time.monotonic() - t0
+        if m.wall_ratio > 1.5 and m.mode.startswith("cuda") and m.time.estimate * m.reps > 1e6:
+            verdict.disturbances.append(
+                f"wall-clock time is {m.wall_ratio:.1f}x the CUDA-event time: work outside the timed stream, or host work"
+            )
+        flops = _flops(case, params)
+        status = verdict.status
+        record.update(
+            env=env,
+            median_ns=m.time.estimate,
+            ci_ns=[m.time.lo, m.time.hi],
+            ci_rel=_finite(relative_half_width(m.log_time)),
+            ratio=m.ratio.estimate if m.ratio else None,
+            ratio_ci=[m.ratio.lo, m.ratio.hi] if m.ratio else None,
+            against=case.against_name if case.against is not None else None,
+            blocks=m.blocks,
+            reps=m.reps,
+            samples_per_block=m.samples_per_block,
+            mode=m.mode,
+            stop_reason=m.stop_reason,
+            elapsed_s=round(m.elapsed_s, 4),
+            wall_ratio=round(m.wall_ratio, 3),
+            flops=flops,
+            tflops=(flops / (m.time.estimate * 1e-9) / 1e12) if flops else None,
+            gates=[g.to_json() for g in verdict.gates],
+            notes=verdict.notes,
+            disturbances=verdict.disturbances,
+            verdict=status,
+            reasons=[g.reason for g in verdict.gates if g.reason] + verdict.disturbances + verdict.notes,
+            variant_blocks=[round(x, 3) for x in m.variant_blocks],
+            against_blocks=[round(x, 3) for x in m.against_blocks] if m.against_blocks else None,
+            outcome="passed",
+            updated=date.today().isoformat(),
+        )
+        failing = [g for g in verdict.gates if g.status == REGRESSED]
+        if s.update:
+            failing = [g for g in failing if g.name == "max_ratio"]
+        if failing and status == REGRESSED:
+            record["outcome"] = "failed"
+            state.records.append(record)
+            pytest.fail(f"{variant_name}: performance regression: " + "; ".join(g.reason for g in failing), pytrace=False)
+        if s.strict and not s.update and status in (INCONCLUSIVE, NO_BASELINE, NOT_COMPARABLE):
+            record["outcome"] = "failed"
+            state.records.append(record)
+            hint = "" if status == INCONCLUSIVE else " Record one with --perfguard-update-baseline."
+            pytest.fail(f"--perfguard-strict ({status}): " + "; ".join(record["reasons"]) + hint, pytrace=False)
+        state.records.append(record)
+
+    def _env(self, case: PerfCase, inputs: Inputs) -> dict[str, str]:
+        info = self.state.device_info
+        env = {k: str(info.get(k)) for k in ("name", "capability", "torch", "triton", "cuda")}
+        probe = getattr(case.against, "perfguard_backend", None)
+        if callable(probe):
+            try:
+                env["against_backend"] = str(probe(*inputs[0], **inputs[1]))
+            except Exception as exc:
+                env["against_backend"] = f"unknown ({type(exc).__name__})"
+        return env
+
+
+def _is_sticky_cuda_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(
+        marker in text
+        for marker in ("illegal memory access", "unspecified launch failure", "device-side assert", "misaligned address", "illegal instruction")
+    )
+
+
+def gpu_diagnostics() -> str:
+    parts = [f"torch {torch.__version__}", f"torch.version.cuda={torch.version.cuda}"]
+    parts.append(f"torch.cuda.is_available()={torch.cuda.is_available()}")
+    import os
+    import shutil
+
+    parts.append(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}")
+    parts.append(f"nvidia-smi {'found' if shutil.which('nvidia-smi') else 'not found'}")
+    parts.append(f"nvcc {'found' if shutil.which('nvcc') else 'not found'}")
+    return "Diagnostics: " + ", ".join(parts)
+
+
+def make_state(settings: Settings) -> SessionState:
+    return SessionState(settings=settings, device_info=fingerprint(settings.device))

@@ -1,0 +1,143 @@
+"""Estimators and confidence intervals for timing data.
+
+Timings are skewed, heavy-tailed and correlated within a block, so the plugin keeps one figure per block
+(a median) and works on their logarithms: a ratio becomes a difference and a relative half-width a plain
+one. The centre is the Hodges-Lehmann estimate (the median of the Walsh averages) and its interval comes
+from the Wilcoxon signed-rank distribution: distribution-free, needing only symmetry of the log block
+medians, which holds far better than normality of raw launches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy import stats as _sp
+
+# Above this many blocks the exact signed-rank distribution is replaced by its normal approximation.
+_EXACT_MAX_N = 60
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided confidence interval, all on the same scale."""
+
+    estimate: float
+    lo: float
+    hi: float
+    confidence: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        """The larger of the two distances from the estimate to a bound (intervals need not be symmetric)."""
+        return max(self.estimate - self.lo, self.hi - self.estimate)
+
+    def exp(self) -> Interval:
+        """Maps a log-scale interval back to the ratio scale."""
+        return Interval(math.exp(self.estimate), math.exp(self.lo), math.exp(self.hi), self.confidence, self.n)
+
+    def scaled(self, factor: float) -> Interval:
+        return Interval(self.estimate * factor, self.lo * factor, self.hi * factor, self.confidence, self.n)
+
+
+@lru_cache(maxsize=256)
+def _signed_rank_cdf(n: int) -> tuple[float, ...]:
+    """Exact null CDF of the Wilcoxon signed-rank statistic for n untied observations."""
+    total = n * (n + 1) // 2
+    counts = np.zeros(total + 1, dtype=np.float64)
+    counts[0] = 1.0
+    for k in range(1, n + 1):
+        shifted = np.zeros_like(counts)
+        shifted[k:] = counts[:-k] if k <= total else 0.0
+        counts = counts + shifted
+    cdf = np.cumsum(counts) / 2.0**n
+    return tuple(float(c) for c in cdf)
+
+
+def signed_rank_critical(n: int, alpha_one_sided: float) -> int:
+    """Largest c with P(T <= c) <= alpha under H0, or -1 when even c = 0 is too likely (n too small)."""
+    if n <= 0:
+        return -1
+    if n <= _EXACT_MAX_N:
+        cdf = _signed_rank_cdf(n)
+        c = -1
+        for value, p in enumerate(cdf):
+            if p <= alpha_one_sided:
+                c = value
+            else:
+                break
+        return c
+    total = n * (n + 1) / 2.0
+    sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+    z = float(_sp.norm.ppf(1.0 - alpha_one_sided))
+    return max(-1, math.floor(total / 2.0 - z * sd - 0.5))
+
+
+def walsh_averages(x: Sequence[float] | np.ndarray) -> np.ndarray:
+    """All pairwise means (x_i + x_j) / 2 for i <= j, sorted."""
+    a = np.asarray(x, dtype=np.float64)
+    i, j = np.triu_indices(a.size)
+    return np.sort((a[i] + a[j]) / 2.0)
+
+
+def hodges_lehmann(x: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+    """Hodges-Lehmann estimate with the Wilcoxon signed-rank interval.
+
+    With too few observations for the requested confidence the interval is the whole real line, so a
+    caller that demands a narrow interval keeps measuring instead of trusting a degenerate one.
+    """
+    a = np.asarray(x, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("hodges_lehmann needs at least one observation")
+    if not np.all(np.isfinite(a)):
+        raise ValueError("hodges_lehmann got a non-finite observation")
+    w = walsh_averages(a)
+    estimate = float(np.median(w))
+    c = signed_rank_critical(a.size, (1.0 - confidence) / 2.0)
+    if c < 0:
+        return Interval(estimate, -math.inf, math.inf, confidence, int(a.size))
+    return Interval(estimate, float(w[c]), float(w[w.size - 1 - c]), confidence, int(a.size))
+
+
+def log_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+    """Hodges-Lehmann interval of log(values); positive values only (times, ratios)."""
+    a = np.asarray(values, dtype=np.float64)
+    if np.any(a <= 0) or not np.all(np.isfinite(a)):
+        raise ValueError("log_interval needs finite positive values")
+    return hodges_lehmann(np.log(a), confidence)
+
+
+def combine_difference(a: Interval, b_estimate: float, b_half_width: float) -> Interval:
+    """Interval of a - b for independent a (measured now) and b (a stored figure with its half-width).
+
+    Half-widths add in quadrature on each side, the usual large-sample rule for independent estimates;
+    exact intervals for a difference of two Hodges-Lehmann estimates would need both raw samples.
+    """
+    d = a.estimate - b_estimate
+    lo_side = math.hypot(a.estimate - a.lo, b_half_width)
+    hi_side = math.hypot(a.hi - a.estimate, b_half_width)
+    return Interval(d, d - lo_side, d + hi_side, a.confidence, a.n)
+
+
+def one_sided_p_above(interval: Interval, threshold: float) -> float:
+    """Approximate p-value for H0: true value <= threshold, from an interval's width (normal approximation).
+
+    Used only to order cases for the family-wise correction, never as the verdict itself.
+    """
+    z_conf = float(_sp.norm.ppf(0.5 + interval.confidence / 2.0))
+    se = (interval.estimate - interval.lo) / z_conf if math.isfinite(interval.lo) else math.inf
+    if se <= 0:
+        return 0.0 if interval.estimate > threshold else 1.0
+    if not math.isfinite(se):
+        return 1.0
+    return float(_sp.norm.sf((interval.estimate - threshold) / se))
+
+
+def relative_half_width(log_iv: Interval) -> float:
+    """Half-width of a log-scale interval expressed as a fraction of the estimate (exp(hw) - 1)."""
+    hw = log_iv.half_width
+    return math.inf if not math.isfinite(hw) else math.expm1(hw)

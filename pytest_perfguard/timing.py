@@ -1,0 +1,415 @@
+"""Timers and the adaptive, interleaved measurement engine.
+
+A *call* is one invocation of a kernel variant; a *sample* times `reps` calls (each on its own copy of
+the inputs) and yields a time per call; a *block* holds a few samples of the variant and of the
+reference (`against`) in random order and keeps one median per side. Blocks are the unit of statistics:
+samples inside one block are correlated, blocks much less so.
+
+On CUDA a sample is one replay of a CUDA graph holding the `reps` calls, timed with events, after the L2
+cache was flushed outside the timed window: the queue stays full, so a 9 us kernel reads 9 us rather
+than the host's launch latency. A wall-clock reading of each replay is kept as a cross-check for work
+the events did not see (another stream, host work). On CPU the same engine uses an injectable clock,
+`time.perf_counter_ns` by default, which makes the statistics testable deterministically.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .stats import Interval, log_interval, relative_half_width
+
+Call = Callable[[], object]
+Clock = Callable[[], int]
+
+
+@dataclass(frozen=True)
+class SampleTime:
+    """Time per call for one sample, as the device saw it and as the host's wall clock saw it."""
+
+    device_ns: float
+    wall_ns: float
+
+
+class PreparedSample(Protocol):
+    reps: int
+    mode: str
+
+    def __call__(self) -> SampleTime: ...
+
+
+class Timer(Protocol):
+    """Turns a list of calls (one per input copy) into a repeatable, timed sample."""
+
+    kind: str
+
+    def prepare(self, calls: Sequence[Call]) -> PreparedSample: ...
+
+    def now_ns(self) -> int: ...
+
+    def single_call_ns(self, call: Call) -> float: ...
+
+
+# ----------------------------------------------------------------------------------------------- CPU
+
+
+class _CpuSample:
+    mode = "cpu"
+
+    def __init__(self, calls: Sequence[Call], clock: Clock) -> None:
+        self._calls = list(calls)
+        self._clock = clock
+        self.reps = len(self._calls)
+
+    def __call__(self) -> SampleTime:
+        clock = self._clock
+        t0 = clock()
+        for call in self._calls:
+            call()
+        elapsed = float(clock() - t0) / self.reps
+        return SampleTime(elapsed, elapsed)
+
+
+class CpuTimer:
+    """Host timer. `clock` is public so tests can drive the engine with a deterministic fake clock."""
+
+    kind = "cpu"
+
+    def __init__(self, clock: Clock = time.perf_counter_ns) -> None:
+        self.clock = clock
+
+    def prepare(self, calls: Sequence[Call]) -> PreparedSample:
+        return _CpuSample(calls, self.clock)
+
+    def now_ns(self) -> int:
+        return self.clock()
+
+    def single_call_ns(self, call: Call) -> float:
+        t0 = self.clock()
+        call()
+        return float(self.clock() - t0)
+
+
+# ---------------------------------------------------------------------------------------------- CUDA
+
+
+class _CudaGraphSample:
+    mode = "cuda-graph"
+
+    def __init__(self, timer: CudaTimer, calls: Sequence[Call]) -> None:
+        import torch
+
+        self._timer = timer
+        self.reps = len(calls)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
+            for call in calls:
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            for call in calls:
+                call()
+        torch.cuda.synchronize()
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+
+    def __call__(self) -> SampleTime:
+        self._timer.flush_l2()
+        t0 = time.perf_counter_ns()
+        self._start.record()
+        self._graph.replay()
+        self._end.record()
+        self._end.synchronize()
+        wall = float(time.perf_counter_ns() - t0)
+        device = self._start.elapsed_time(self._end) * 1e6
+        return SampleTime(device / self.reps, wall / self.reps)
+
+
+class _CudaStreamSample:
+    """Fallback for variants that cannot be captured: a spin kernel lets the host enqueue ahead."""
+
+    mode = "cuda-stream"
+
+    def __init__(self, timer: CudaTimer, calls: Sequence[Call]) -> None:
+        import torch
+
+        self._timer = timer
+        self._calls = list(calls)
+        self.reps = len(self._calls)
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+
+    def __call__(self) -> SampleTime:
+        import torch
+
+        self._timer.flush_l2()
+        torch.cuda._sleep(self._timer.spin_cycles)
+        t0 = time.perf_counter_ns()
+        self._start.record()
+        for call in self._calls:
+            call()
+        self._end.record()
+        self._end.synchronize()
+        wall = float(time.perf_counter_ns() - t0)
+        device = self._start.elapsed_time(self._end) * 1e6
+        return SampleTime(device / self.reps, wall / self.reps)
+
+
+class CudaTimer:
+    """CUDA-event timer over graph replays, with the L2 flushed before every sample."""
+
+    kind = "cuda"
+
+    def __init__(self, device: Any = None, *, cold_l2: bool = True, use_graph: bool = True) -> None:
+        import torch
+
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        props = torch.cuda.get_device_properties(self.device)
+        l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+        self.l2_bytes = l2
+        self.use_graph = use_graph
+        self.cold_l2 = cold_l2
+        # Twice the L2 (at least 32 MiB), zeroed before each sample so no run inherits a warm cache.
+        flush_bytes = max(2 * l2, 32 << 20)
+        self._flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=self.device) if cold_l2 else None
+        self.spin_cycles = 2_000_000
+        self.capture_errors: list[str] = []
+
+    def flush_l2(self) -> None:
+        if self._flush is not None:
+            self._flush.zero_()
+
+    def prepare(self, calls: Sequence[Call]) -> PreparedSample:
+        if self.use_graph:
+            try:
+                return _CudaGraphSample(self, calls)
+            except Exception as exc:  # capture is best effort: host syncs or CPU work inside a call break it
+                import torch
+
+                torch.cuda.synchronize()
+                self.capture_errors.append(f"{type(exc).__name__}: {exc}")
+        return _CudaStreamSample(self, calls)
+
+    def now_ns(self) -> int:
+        return time.perf_counter_ns()
+
+    def single_call_ns(self, call: Call) -> float:
+        import torch
+
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end) * 1e6)
+
+
+# -------------------------------------------------------------------------------------------- engine
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """Knobs of one measurement. Defaults follow nvbench's spirit: a minimum of blocks and time, stop on CI width."""
+
+    target: float = 0.01  # stop once both relative CI half-widths are under this
+    budget_s: float = 5.0  # time budget for this measurement (the case's budget)
+    min_blocks: int = 12
+    max_blocks: int = 400
+    samples_per_block: int = 5
+    min_sample_ns: float = 200_000.0  # a sample should take at least this long
+    max_reps: int = 64
+    warmup_calls: int = 3
+    confidence: float = 0.95
+    max_copy_bytes: int = 1 << 30  # memory cap for the input copies a sample rotates through
+
+
+@dataclass
+class Measurement:
+    """What one measurement saw: block medians, their intervals, and why it stopped."""
+
+    variant_blocks: list[float]
+    against_blocks: list[float] | None
+    time: Interval  # ns per call (ratio scale)
+    ratio: Interval | None  # variant / against, paired per block
+    log_time: Interval
+    log_ratio: Interval | None
+    stop_reason: str
+    reps: int
+    samples_per_block: int
+    mode: str
+    elapsed_s: float
+    wall_ratio: float  # median wall / device time per call (1.0 on CPU)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.variant_blocks)
+
+
+def choose_reps(single_ns: float, cfg: MeasureConfig, bytes_per_copy: int) -> int:
+    """How many calls (input copies) one sample holds: enough to fill min_sample_ns, within memory."""
+    want = math.ceil(cfg.min_sample_ns / max(single_ns, 1.0))
+    mem_cap = max(1, cfg.max_copy_bytes // max(bytes_per_copy, 1))
+    return int(max(1, min(want, cfg.max_reps, mem_cap)))
+
+
+def _intervals(
+    v: list[float], a: list[float] | None, confidence: float
+) -> tuple[Interval, Interval | None]:
+    log_t = log_interval(v, confidence)
+    if a is None:
+        return log_t, None
+    log_r = log_interval([x / y for x, y in zip(v, a, strict=True)], confidence)
+    return log_t, log_r
+
+
+def measure(
+    variant: Callable[[int], Call],
+    against: Callable[[int], Call] | None,
+    timer: Timer,
+    cfg: MeasureConfig,
+    *,
+    copies: int | None = None,
+    bytes_per_copy: int = 0,
+    rng: random.Random | None = None,
+    on_block: Callable[[], str | None] | None = None,
+) -> Measurement:
+    """Times `variant` (and `against`, interleaved) until the CI is narrow enough or the budget is spent.
+
+    `variant(i)` and `against(i)` return a zero-argument call that runs on input copy `i`; both sides
+    use the same copies, so the per-block ratio compares like with like. `on_block` may report a
+    disturbance (throttling, another process); it is recorded and makes the caller treat the result
+    as inconclusive.
+    """
+    rng = rng or random.Random()
+    t_start = timer.now_ns()
+    budget_ns = cfg.budget_s * 1e9
+
+    # Warm-up outside the measurement: JIT, autotune, lazy module loading, allocator growth.
+    first_v = variant(0)
+    first_a = against(0) if against is not None else None
+    for _ in range(cfg.warmup_calls):
+        first_v()
+        if first_a is not None:
+            first_a()
+    single = min(timer.single_call_ns(first_v) for _ in range(3))
+    if first_a is not None:
+        single = max(single, min(timer.single_call_ns(first_a) for _ in range(3)))
+    reps = copies if copies is not None else choose_reps(single, cfg, bytes_per_copy)
+    # Slow calls get fewer samples per block, so min_blocks blocks still fit the budget where possible.
+    sides = 2 if against is not None else 1
+    per_block_ns = single * reps * sides
+    spb = int(max(1, min(cfg.samples_per_block, budget_ns // max(cfg.min_blocks * per_block_ns, 1.0))))
+
+    sample_v = timer.prepare([variant(i) for i in range(reps)])
+    sample_a = timer.prepare([against(i) for i in range(reps)]) if against is not None else None
+    sample_v()  # one discarded sample each: first replays pay for lazy setup
+    if sample_a is not None:
+        sample_a()
+
+    v_blocks: list[float] = []
+    a_blocks: list[float] | None = [] if sample_a is not None else None
+    wall_ratios: list[float] = []
+    notes: list[str] = []
+    stop_reason = "max_blocks"
+    log_t: Interval | None = None
+    log_r: Interval | None = None
+    while len(v_blocks) < cfg.max_blocks:
+        sv: list[float] = []
+        sa: list[float] = []
+        for _ in range(spb):
+            order = [0, 1] if sample_a is not None else [0]
+            rng.shuffle(order)
+            for side in order:
+                if side == 0:
+                    s = sample_v()
+                    sv.append(s.device_ns)
+                    if s.device_ns > 0:
+                        wall_ratios.append(s.wall_ns / s.device_ns)
+                else:
+                    assert sample_a is not None
+                    sa.append(sample_a().device_ns)
+        v_blocks.append(statistics.median(sv))
+        if a_blocks is not None:
+            a_blocks.append(statistics.median(sa))
+        if on_block is not None:
+            problem = on_block()
+            if problem and problem not in notes:
+                notes.append(problem)
+        n = len(v_blocks)
+        spent = timer.now_ns() - t_start
+        if n >= cfg.min_blocks:
+            log_t, log_r = _intervals(v_blocks, a_blocks, cfg.confidence)
+            narrow = relative_half_width(log_t) <= cfg.target and (
+                log_r is None or relative_half_width(log_r) <= cfg.target
+            )
+            if narrow:
+                stop_reason = "target"
+                break
+        if spent >= budget_ns and n >= min(cfg.min_blocks, 6):
+            stop_reason = "budget"
+            break
+    if log_t is None or len(v_blocks) != log_t.n:
+        log_t, log_r = _intervals(v_blocks, a_blocks, cfg.confidence)
+    elapsed = (timer.now_ns() - t_start) / 1e9
+    wall_ratio = statistics.median(wall_ratios) if wall_ratios else 1.0
+    return Measurement(
+        variant_blocks=v_blocks,
+        against_blocks=a_blocks,
+        time=log_t.exp(),
+        ratio=log_r.exp() if log_r is not None else None,
+        log_time=log_t,
+        log_ratio=log_r,
+        stop_reason=stop_reason,
+        reps=reps,
+        samples_per_block=spb,
+        mode=getattr(sample_v, "mode", timer.kind),
+        elapsed_s=elapsed,
+        wall_ratio=wall_ratio,
+        notes=notes,
+    )
+
+
+def pooled(first: Measurement, second: Measurement, confidence: float) -> Measurement:
+    """Pools the blocks of a measurement and its fresh-order re-measurement into one."""
+    v = first.variant_blocks + second.variant_blocks
+    a = (
+        first.against_blocks + second.against_blocks
+        if first.against_blocks is not None and second.against_blocks is not None
+        else None
+    )
+    log_t, log_r = _intervals(v, a, confidence)
+    return Measurement(
+        variant_blocks=v,
+        against_blocks=a,
+        time=log_t.exp(),
+        ratio=log_r.exp() if log_r is not None else None,
+        log_time=log_t,
+        log_ratio=log_r,
+        stop_reason=f"{first.stop_reason}+remeasured:{second.stop_reason}",
+        reps=second.reps,
+        samples_per_block=second.samples_per_block,
+        mode=second.mode,
+        elapsed_s=first.elapsed_s + second.elapsed_s,
+        wall_ratio=max(first.wall_ratio, second.wall_ratio),
+        notes=first.notes + [n for n in second.notes if n not in first.notes],
+    )
+
+
+def make_timer(device: str, clock: Clock | None = None) -> Timer:
+    """The timer for a device string ("cpu", "cuda", "cuda:1"); a clock only applies to the CPU timer."""
+    if device.startswith("cuda"):
+        if clock is not None:
+            raise ValueError("an injected clock only drives the CPU timer; CUDA timing uses events")
+        return CudaTimer(device)
+    return CpuTimer(clock if clock is not None else time.perf_counter_ns)

@@ -1,0 +1,210 @@
+"""Verdicts: a slowdown is judged against a margin, never against zero, and every gate has three outcomes.
+
+For a gate with threshold tau = ln(1 + delta) on the log scale:
+  REGRESSED     the interval's lower bound is above tau (slower by more than the margin, confidently);
+  PASS          the upper bound is below tau (FASTER when it is even below -tau);
+  INCONCLUSIVE  the interval straddles tau: measure more, then say so.
+delta is the configured margin, but never less than K times the between-run noise that the baseline
+carries (K = 4 times: the difference of two runs has sqrt(2) times their sd, and a
+2.8-sigma event is rare enough over thousands of verdicts): within-run samples cannot shrink that noise, so a smaller margin would cry wolf.
+
+Failing decisions use an interval widened for the number of timed cases (Bonferroni: each case at
+alpha / m), so a run of many cases keeps its family-wise false-alarm rate at alpha; the reported
+intervals stay at 95%.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scipy import stats as _sp
+
+from .baseline import BaselineEntry
+from .stats import Interval, combine_difference, log_interval
+
+PASS = "pass"
+FASTER = "faster"
+REGRESSED = "regressed"
+INCONCLUSIVE = "inconclusive"
+NOT_COMPARABLE = "not comparable"
+NO_BASELINE = "no baseline"
+
+NOISE_K = 4.0
+
+
+
+
+@dataclass(frozen=True)
+class Policy:
+    margin: float = 0.02
+    alpha: float = 0.05
+    family_size: int = 1
+    noise_floor: float = 0.0
+    ratio_noise_floor: float = 0.0
+
+    @property
+    def decision_confidence(self) -> float:
+        return 1.0 - 2.0 * self.alpha / max(1, self.family_size)
+
+    def delta(self, noise: float) -> float:
+        return max(self.margin, NOISE_K * max(noise, self.noise_floor))
+
+    def ratio_delta(self) -> float:
+        """The in-run ratio cancels machine-to-machine and run-to-run drift, so it carries its own, smaller floor."""
+        return max(self.margin, NOISE_K * self.ratio_noise_floor)
+
+
+@dataclass
+class Gate:
+    name: str  # "baseline", "ratio", "max_ratio"
+    status: str
+    estimate: float | None = None  # ratio scale: now/baseline, ratio/baseline ratio, or ratio
+    lo: float | None = None
+    hi: float | None = None
+    threshold: float | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gate": self.name,
+            "status": self.status,
+            "estimate": self.estimate,
+            "ci": [self.lo, self.hi] if self.lo is not None else None,
+            "threshold": self.threshold,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Verdict:
+    gates: list[Gate] = field(default_factory=list)
+    disturbances: list[str] = field(default_factory=list)  # throttling, other processes: never a regression
+    notes: list[str] = field(default_factory=list)  # informational
+
+    @property
+    def status(self) -> str:
+        order = [REGRESSED, INCONCLUSIVE, NOT_COMPARABLE, NO_BASELINE, FASTER, PASS]
+        statuses = {g.status for g in self.gates}
+        if self.disturbances and REGRESSED in statuses:
+            return INCONCLUSIVE  # a disturbed measurement never fails the build
+        for s in order:
+            if s in statuses:
+                return s
+        return PASS
+
+    @property
+    def needs_remeasure(self) -> bool:
+        return any(g.status in (REGRESSED, INCONCLUSIVE) for g in self.gates)
+
+
+def _rescale(half_width: float, to_confidence: float) -> float:
+    """A stored 95% half-width rescaled to another confidence (normal approximation)."""
+    return half_width * float(_sp.norm.ppf(0.5 + to_confidence / 2) / _sp.norm.ppf(0.975))
+
+
+def _stored_log_half_width(median: float, ci: tuple[float, float] | None) -> float:
+    if ci is None:
+        return 0.0
+    lo, hi = ci
+    return max(math.log(median / lo) if lo > 0 else 0.0, math.log(hi / median) if hi > 0 else 0.0)
+
+
+def _judge(name: str, diff: Interval, report: Interval, tau: float, what: str) -> Gate:
+    """diff: decision interval (log scale); report: the 95% interval shown to people (log scale)."""
+    gate = Gate(
+        name,
+        PASS,
+        estimate=math.exp(report.estimate),
+        lo=math.exp(report.lo) if math.isfinite(report.lo) else None,
+        hi=math.exp(report.hi) if math.isfinite(report.hi) else None,
+        threshold=math.exp(tau),
+    )
+    pct = (math.exp(report.estimate) - 1) * 100
+    ci = f"95% CI {_pct(report.lo)} .. {_pct(report.hi)}"
+    if diff.lo > tau:
+        gate.status = REGRESSED
+        gate.reason = f"{what} {pct:+.1f}% ({ci}), beyond the {math.expm1(tau) * 100:.1f}% margin"
+    elif diff.hi < -tau:
+        gate.status = FASTER
+        gate.reason = f"{what} {pct:+.1f}% ({ci}): faster than the baseline by more than the margin; update it"
+    elif diff.hi < tau:
+        gate.status = PASS
+        gate.reason = f"{what} {pct:+.1f}% ({ci})"
+    else:
+        gate.status = INCONCLUSIVE
+        gate.reason = (
+            f"{what} {pct:+.1f}% ({ci}) straddles the {math.expm1(tau) * 100:.1f}% margin: not enough evidence either way"
+        )
+    return gate
+
+
+def _pct(log_value: float) -> str:
+    if not math.isfinite(log_value):
+        return "-inf%" if log_value < 0 else "+inf%"
+    return f"{math.expm1(log_value) * 100:+.1f}%"
+
+
+def decide(
+    variant_blocks: Sequence[float],
+    against_blocks: Sequence[float] | None,
+    stored: BaselineEntry | None,
+    *,
+    workload: str,
+    env: dict[str, str],
+    policy: Policy,
+    max_ratio: float | None,
+    incomparable: list[str],
+    disturbances: Sequence[str] = (),
+) -> Verdict:
+    """All gates for one case from its block medians and its stored baseline (if any)."""
+    verdict = Verdict(disturbances=list(disturbances))
+    conf = policy.decision_confidence
+    log_t = log_interval(variant_blocks)
+    log_t_dec = log_interval(variant_blocks, conf)
+    log_r = log_r_dec = None
+    if against_blocks is not None:
+        ratios = [v / a for v, a in zip(variant_blocks, against_blocks, strict=True)]
+        log_r = log_interval(ratios)
+        log_r_dec = log_interval(ratios, conf)
+
+    if stored is None:
+        verdict.gates.append(Gate("baseline", NO_BASELINE, reason="no stored baseline for this case"))
+    elif stored.workload != workload:
+        verdict.gates.append(
+            Gate("baseline", NOT_COMPARABLE, reason="not comparable: workload changed (different shapes, dtypes or arguments)")
+        )
+    elif incomparable:
+        verdict.gates.append(Gate("baseline", NOT_COMPARABLE, reason="not comparable: " + ", ".join(incomparable)))
+    else:
+        tau = math.log1p(policy.delta(stored.noise))
+        base = math.log(stored.median_ns)
+        hw = _stored_log_half_width(stored.median_ns, stored.ci_ns)
+        shown = combine_difference(log_t, base, hw)
+        dec = combine_difference(log_t_dec, base, _rescale(hw, conf))
+        verdict.gates.append(_judge("baseline", dec, shown, tau, "time vs baseline"))
+        if log_r is not None and log_r_dec is not None and stored.ratio is not None:
+            bh = _stored_log_half_width(stored.ratio, stored.ratio_ci)
+            base_r = math.log(stored.ratio)
+            shown_r = combine_difference(log_r, base_r, bh)
+            dec_r = combine_difference(log_r_dec, base_r, _rescale(bh, conf))
+            tau_r = math.log1p(policy.ratio_delta())
+            verdict.gates.append(_judge("ratio", dec_r, shown_r, tau_r, "ratio vs baseline ratio"))
+    if max_ratio is not None and log_r is not None and log_r_dec is not None:
+        verdict.gates.append(_max_ratio_gate(log_r, log_r_dec, max_ratio))
+    return verdict
+
+
+def _max_ratio_gate(log_r: Interval, log_r_dec: Interval, max_ratio: float) -> Gate:
+    tau = math.log(max_ratio)
+    r = log_r.exp()
+    shown = f"ratio {r.estimate:.3f} (95% CI {r.lo:.3f}..{r.hi:.3f})"
+    if log_r_dec.lo > tau:
+        status, reason = REGRESSED, f"{shown} exceeds max_ratio {max_ratio:g}"
+    elif log_r_dec.hi < tau:
+        status, reason = PASS, f"{shown} within max_ratio {max_ratio:g}"
+    else:
+        status, reason = INCONCLUSIVE, f"{shown} straddles max_ratio {max_ratio:g}"
+    return Gate("max_ratio", status, r.estimate, r.lo, r.hi, max_ratio, reason)

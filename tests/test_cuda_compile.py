@@ -1,0 +1,95 @@
+"""The CUDA kernels compile standalone for Ada and Hopper, and no kernel spills registers.
+
+Runs on a CPU-only machine: only nvcc is needed (the test skips, saying so, without it). Register spills
+are read from ptxas' ``-v`` report; a spill in a hot loop costs local-memory traffic that no benchmark
+tolerance should have to absorb, so it fails here, before any GPU time is spent. All (file, arch)
+compilations start at once on a thread pool, so the module costs about one compile per core.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+
+from kernels import cuda_ext
+
+ARCHS = ("sm_89", "sm_90")
+CASES = [(src, arch) for src in cuda_ext.CU_SOURCES for arch in ARCHS]
+NVCC = cuda_ext.find_nvcc()
+
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[tuple[str, str], Future[cuda_ext.CompileReport]]:
+    """Every compilation submitted up front; each test waits only for its own."""
+    pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2))
+    futures = {(src.name, arch): pool.submit(cuda_ext.nvcc_compile_check, arch, src, NVCC) for src, arch in CASES}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("source", "arch"), [(s.name, a) for s, a in CASES])
+def test_compiles_without_spills(
+    reports: dict[tuple[str, str], Future[cuda_ext.CompileReport]], source: str, arch: str
+) -> None:
+    report = reports[(source, arch)].result()
+    assert report.ok, f"nvcc failed on {source} for {arch}:\n{report.log[-3000:]}"
+    assert report.kernels, f"ptxas reported no kernels for {source} ({arch}); log:\n{report.log[-2000:]}"
+    spilling = report.spilling
+    assert not spilling, f"register spills in {source} ({arch}):\n" + "\n".join(
+        f"  {k.name}: {k.spill_stores} B stores, {k.spill_loads} B loads, {k.registers} registers"
+        for k in spilling
+    )
+
+
+def test_parse_ptxas_reads_registers_and_spills() -> None:
+    log = (
+        "ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'\n"
+        "ptxas info    : Function properties for _Z3fooPf\n"
+        "    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 1 barriers, 4096 bytes smem, 360 bytes cmem[0]\n"
+        "ptxas info    : Compiling entry function '_Z3barv' for 'sm_90'\n"
+        "ptxas info    : Function properties for _Z3barv\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 32 registers, used 0 barriers\n"
+    )
+    assert cuda_ext.parse_ptxas(log) == [("_Z3fooPf", 255, 12, 16, 4096, 8), ("_Z3barv", 32, 0, 0, 0, 0)]
+
+
+def test_unavailable_reason_is_a_sentence_here() -> None:
+    """On a machine without a usable GPU the reason is returned, not raised."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available() and torch.version.cuda is not None:
+        pytest.skip("a CUDA device is present; this test is about machines without one")
+    reason = cuda_ext.unavailable_reason()
+    assert isinstance(reason, str) and reason
+    expected = "torch built without CUDA" if torch.version.cuda is None else "no CUDA device"
+    assert reason == expected
+
+
+def test_unavailable_reason_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even a torch that blows up while being asked yields a reason instead of an exception."""
+    torch = pytest.importorskip("torch")
+
+    def boom() -> bool:
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    reason = cuda_ext.unavailable_reason()
+    assert reason is not None and "driver exploded" in reason
+
+
+def test_wrappers_fail_clearly_without_cuda() -> None:
+    """Calling a variant where the extension cannot build raises, and the reason says why beforehand."""
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None:
+        pytest.skip("torch has CUDA here")
+    assert cuda_ext.unavailable_reason() == "torch built without CUDA"
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="torch built without CUDA"):
+        cuda_ext.cuda_wmma(q, q, q, True)

