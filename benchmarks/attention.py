@@ -555,7 +555,7 @@ def sweep_only(args: argparse.Namespace) -> dict[str, Any]:
         del inputs, ref
         torch.cuda.empty_cache()
         if os.environ.get("OUT"):
-            (Path(os.environ["OUT"]) / "sweep.json").write_text(json.dumps(report, indent=2, sort_keys=True,
+            (Path(os.environ["OUT"]) / f"sweep_d{args.head_dim}.json").write_text(json.dumps(report, indent=2, sort_keys=True,
                                                                            default=str) + "\n")
     return report
 

@@ -69,7 +69,7 @@ def _enum(name: str) -> SDPBackend:
     if name not in _BACKENDS:
         raise ValueError(f"unknown SDPA backend {name!r}; allowed: {', '.join(ALLOWED_BACKENDS)} "
                          "(or None for the default dispatch)")
-    member = getattr(SDPBackend, _BACKENDS[name], None)
+    member: SDPBackend | None = getattr(SDPBackend, _BACKENDS[name], None)
     if member is None:
         raise ValueError(f"SDPA backend {name!r} does not exist in torch {torch.__version__}")
     return member
@@ -158,8 +158,8 @@ def _default_time_ms(fn: Callable[[], object], device: torch.device, reps: int =
     samples: list[float] = []
     for _ in range(reps):
         if device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             for _ in range(calls):
                 fn()
@@ -201,7 +201,9 @@ def fastest_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             continue
         variant = make_sdpa(name)
         if time_ms is None:
-            result.times_ms[name] = _default_time_ms(lambda variant=variant: variant(q, k, v, causal), q.device)
+            def call(variant: Variant = variant) -> object:
+                return variant(q, k, v, causal)
+            result.times_ms[name] = _default_time_ms(call, q.device)
         else:
             result.times_ms[name] = time_ms(variant)
     if not result.times_ms:

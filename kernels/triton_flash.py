@@ -14,10 +14,15 @@ Fully masked tiles (right of the diagonal) are never visited. Query rows past S 
 inputs and never stored, which is why any S works (113, 239, 1023 ...). The same source runs under
 ``TRITON_INTERPRET=1`` on CPU tensors, which is how CPU-only CI checks it.
 
-Two options the autotuner chooses between: LAZY rescaling (keep a stale row max until some row's max grows by
-more than 2^8, so most tiles skip the acc/l rescale; exact, since the final division uses the same max) and,
-when asked explicitly, tensor-descriptor (TMA) loads on Hopper, which measured no faster than pointer loads on
-H100 and so are not autotuned.
+Load paths and options, as measured on H100 (torch 2.11, triton 3.6, 2026-11-21; see
+benchmarks/results/python_kernels_h100_2026-11-21.md):
+
+* pointer loads (cp.async pipelined), autotuned over CONFIGS: the default;
+* tensor-descriptor (TMA) loads over the contiguous (B*H*S, D) view: 10-12% faster than pointer loads at D=128
+  on H100, within +-2% at D=64; so D=128 on Hopper uses TMA with one fixed tile (TMA_FIXED), D=64 does not;
+* LAZY rescaling (keep a stale row max until some row's max grows by more than 2^8, skipping most acc/l
+  rescales; exact): 2-17% slower on H100 (the data-dependent branch costs more than it saves), so it is
+  available only with an explicit config and never autotuned.
 """
 
 # Triton kernels branch on constexpr flags with if-statements, which read better than ternaries there.
@@ -31,7 +36,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONFIGS", "TritonConfig", "best_config", "best_path", "triton_flash", "unavailable_reason"]
+__all__ = ["CONFIGS", "DEFAULT_CONFIGS", "TMA_FIXED", "TritonConfig", "best_config", "best_path", "triton_flash", "unavailable_reason"]
 
 try:  # triton is optional: the module must import (and say why it cannot run) without it
     import triton
@@ -53,19 +58,31 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HEAD_DIMS = (16, 32, 64, 128)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_M must be a multiple of BLOCK_N (the causal diagonal block
-# is visited as BLOCK_M // BLOCK_N key tiles). Each is autotuned with and without LAZY rescaling. Chosen from
-# ptxas reports (no register spills on sm_90 nor sm_89) and the H100 sweeps of
-# ``benchmarks/attention.py --sweep-only`` (D=64: 64x64 with 4 warps won every grid shape, 128x64 with 8 warps
-# came next on the large ones). Shared memory per program on sm_90: D=64 41-66 KB, D=128 66-131 KB (Hopper
+# is visited as BLOCK_M // BLOCK_N key tiles). Chosen from ptxas reports (64x64 w4 s3, 128x64 w8 s3 and
+# 64x32 w4 s3 have no register spills on sm_90 nor sm_89) and the H100 sweeps of
+# ``benchmarks/attention.py --sweep-only`` (D=64: 64x64 with 4 warps won or tied every grid shape, 128x64 with
+# 8 warps came next on the large ones). Shared memory per program on sm_90: D=64 41-66 KB, D=128 66-131 KB (Hopper
 # has 227 KB); on sm_89 (Ada, L4: 99 KB per block) the same configs need 25-98 KB. A config that does not fit
 # a device fails to compile there and the autotuner drops it.
 TritonConfig = tuple[int, int, int, int]
 CONFIGS: dict[int, tuple[TritonConfig, ...]] = {
     16: ((64, 64, 4, 3), (128, 64, 8, 3)),
     32: ((64, 64, 4, 3), (128, 64, 8, 3)),
-    64: ((64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)),
+    64: ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4), (128, 64, 8, 3)),
     128: ((128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)),
 }
+# Head dims that use tensor-descriptor loads with one fixed tile on compute capability >= 9 (measured on H100
+# only) for contiguous, aligned fp16/bf16 inputs, instead of autotuned pointer loads; TRITON_FLASH_TMA=0 turns
+# this off.
+TMA_FIXED: dict[int, TritonConfig] = {128: (64, 64, 4, 3)}
+# The default without autotuning. The autotuner picks among configs from noisy timings, so two processes
+# could run different kernels: guarded A/A runs on an H200 (2026-11-21) saw triton_flash move 5-10% between
+# processes, more than any other variant. A guarded kernel must be the same kernel in every run, so the
+# default is one fixed config per head dim (the one the autotuner chose at the large grid shapes on the
+# H100 and H200; D=128 with 2 stages so it fits the L4's 99 KB of shared memory); TRITON_FLASH_AUTOTUNE=1
+# brings autotuning back.
+DEFAULT_CONFIGS: dict[int, TritonConfig] = {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
+                                            128: (64, 64, 4, 2)}
 # float32 inputs (exact products, twice the shared memory): one modest config per head dim, no autotuning.
 _FP32_CONFIGS: dict[int, TritonConfig] = {16: (64, 32, 4, 2), 32: (64, 32, 4, 2), 64: (64, 32, 4, 2),
                                           128: (32, 32, 4, 2)}
@@ -240,8 +257,7 @@ if triton is not None:
 
     def _all_configs() -> list[Any]:
         tiles = sorted({c for table in CONFIGS.values() for c in table})
-        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy}, num_warps=w, num_stages=st)
-                for lazy in (False, True) for bm, bn, w, st in tiles]
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st) for bm, bn, w, st in tiles]
 
     # Keyed on (S, D, causal) as asked, plus B and H because the best row block for B1H1S128 (a handful of
     # programs) is not the best for B8H8S128; the autotuner adds the dtypes itself.
@@ -293,6 +309,13 @@ def _tma_possible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
 
 
+def _use_tma_fixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the default (no-config) call takes the fixed tensor-descriptor path."""
+    if q.shape[-1] not in TMA_FIXED or not q.is_cuda or os.environ.get("TRITON_FLASH_TMA", "1") == "0":
+        return False
+    return _tma_possible(q, k, v)
+
+
 def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> list[Any]:
     rows, dim = q.shape[0] * q.shape[1] * q.shape[2], q.shape[3]
     return [TensorDescriptor(t.view(rows, dim), shape=[rows, dim], strides=[dim, 1], block_shape=[bs, dim])
@@ -303,8 +326,9 @@ def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                  config: TritonConfig | None = None, tma: bool = False, lazy: bool = False) -> torch.Tensor:
     """Fused attention forward.
 
-    Without ``config``: autotuned on CUDA (the first call per shape tunes, so warm up before timing or
-    capturing a CUDA graph); fixed small tiles under the interpreter; one fixed config for float32.
+    Without ``config``: the TMA_FIXED tile for its head dims on Hopper+, else DEFAULT_CONFIGS (autotuned
+    pointer-load configs with TRITON_FLASH_AUTOTUNE=1: the first call per shape tunes, so warm up before
+    timing or capturing a CUDA graph); fixed small tiles under the interpreter; one fixed config for float32.
     ``config`` = (BLOCK_M, BLOCK_N, num_warps, num_stages) skips autotuning; ``tma`` then loads through tensor
     descriptors (Hopper or newer, contiguous 16-byte-aligned inputs) and ``lazy`` turns on lazy rescaling.
     """
@@ -323,6 +347,10 @@ def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     fp32_dot = q.dtype == torch.float32 or (_interpreting() and q.dtype == torch.bfloat16)
     if config is None and (q.dtype == torch.float32 or _interpreting()):
         config = _INTERPRET_CONFIG if _interpreting() else _FP32_CONFIGS[dim]
+    if config is None and _use_tma_fixed(q, k, v):
+        config, tma, lazy = TMA_FIXED[dim], True, False
+    if config is None and os.environ.get("TRITON_FLASH_AUTOTUNE", "0") != "1":
+        config = DEFAULT_CONFIGS[dim]
     strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride())
     if config is not None:
         block_m, block_n, warps, stages = config
@@ -332,8 +360,8 @@ def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
             raise ValueError("tma=True needs triton's TensorDescriptor and contiguous 16-byte-aligned fp16/bf16 "
                              "inputs (and Hopper or newer on a GPU)")
         descs = _descriptors(q, k, v, block_m, block_n) if tma else [None, None, None]
-        grid = (triton.cdiv(seq, block_m), batch * heads)
-        _attn_fwd[grid](q, k, v, out, *descs, qk_scale, *strides, batch, heads, seq,
+        fixed_grid = (triton.cdiv(seq, block_m), batch * heads)
+        _attn_fwd[fixed_grid](q, k, v, out, *descs, qk_scale, *strides, batch, heads, seq,
                         HEAD_DIM=dim, CAUSAL=causal, FP32_DOT=fp32_dot, BLOCK_M=block_m, BLOCK_N=block_n,
                         USE_TMA=tma, LAZY=lazy, num_warps=warps, num_stages=stages)
     else:
@@ -341,15 +369,19 @@ def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
             return (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)
 
         _attn_fwd_tuned[grid](q, k, v, out, None, None, None, qk_scale, *strides, batch, heads, seq,
-                              HEAD_DIM=dim, CAUSAL=causal, FP32_DOT=fp32_dot, USE_TMA=False)
+                              HEAD_DIM=dim, CAUSAL=causal, FP32_DOT=fp32_dot, USE_TMA=False, LAZY=False)
     return out
 
 
 def best_config(q: torch.Tensor, causal: bool) -> TritonConfig | None:
-    """The config the autotuner settled on for inputs like ``q`` (None before the first call)."""
+    """The config a default call uses for inputs like ``q`` (None before the first autotuned call)."""
     if triton is None:
         return None
     batch, heads, seq, dim = q.shape
+    if q.is_cuda and _use_tma_fixed(q, q, q):
+        return TMA_FIXED[dim]
+    if os.environ.get("TRITON_FLASH_AUTOTUNE", "0") != "1":
+        return DEFAULT_CONFIGS[dim]
     for key, cfg in _attn_fwd_tuned.cache.items():
         if key[:5] == (seq, dim, causal, batch, heads) and str(q.dtype) in key:
             return (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
@@ -357,11 +389,7 @@ def best_config(q: torch.Tensor, causal: bool) -> TritonConfig | None:
 
 
 def best_path(q: torch.Tensor, causal: bool) -> str | None:
-    """"lazy" or "eager" rescaling: what the autotuner settled on for inputs like ``q``."""
+    """"tma" (fixed tile) or "pointer" (autotuned): the load path a default call uses for inputs like ``q``."""
     if triton is None:
         return None
-    batch, heads, seq, dim = q.shape
-    for key, cfg in _attn_fwd_tuned.cache.items():
-        if key[:5] == (seq, dim, causal, batch, heads) and str(q.dtype) in key:
-            return "lazy" if cfg.kwargs["LAZY"] else "eager"
-    return None
+    return "tma" if q.is_cuda and _use_tma_fixed(q, q, q) else "pointer"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,11 @@ _FALSE = {"0", "false", "no", "off", ""}
 # name -> (help, type, default); every setting has a CLI option, an env variable and an ini key.
 _SETTINGS: dict[str, tuple[str, str, Any]] = {
     "baseline_dir": ("folder of the per-device baseline JSON files", "path", ".ci/baselines"),
-    "margin": ("regression margin as a fraction (0.02 = 2%); never below 3x the stored between-run noise", "float", 0.02),
+    "margin": ("regression margin as a fraction (0.05 = 5%); never below 4x the stored between-run noise", "float", 0.05),
     "ci_target": ("stop measuring a case once the 95% CI half-width is under this fraction", "float", 0.01),
     "case_budget": ("seconds of measurement per case (per re-measurement)", "float", 5.0),
     "total_budget": ("seconds of measurement for the whole run; 0 = unlimited", "float", 0.0),
+    "case_timeout": ("seconds one case may run before the session ends with TIMEOUT (hung kernel); 0 = none", "float", 900.0),
     "json": ("write every result to this JSON file", "path", None),
     "strict": ("fail on a missing baseline, an incomparable one, or an inconclusive verdict", "bool", False),
     "require_gpu": ("fail, not skip, when a variant needs a GPU that is not there", "bool", False),
@@ -144,6 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
         strict=_resolve(config, "strict"),
         require_gpu=_resolve(config, "require_gpu"),
         seed=config.getoption("perfguard_seed"),
+        case_timeout=_resolve(config, "case_timeout"),
     )
     if settings.prune and not settings.update:
         raise pytest.UsageError("--perfguard-prune only works with --perfguard-update-baseline; add it or drop --perfguard-prune.")
@@ -162,6 +165,23 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"perfguard: {exc}") from None
     config.stash[STATE] = state
     config.stash[MERGED] = {"records": [], "collected": set(), "deselected": False}
+    state.on_timeout = lambda message: _flush_on_timeout(config, message)
+
+
+def _flush_on_timeout(config: pytest.Config, message: str) -> None:
+    """The hung-kernel exit path: say so past pytest's output capture and write what the run has so far
+    (the controller only); then the watchdog ends the process."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        capman.suspend_global_capture(in_=True)
+    sys.stderr.write(f"\nperfguard: {message}\n")
+    sys.stderr.flush()
+    if _is_worker(config):
+        return
+    state = _state(config)
+    outcome = finish(state, list(state.records), collected_ids=None)
+    for line in [*outcome.messages, *outcome.errors]:
+        print(line, flush=True)
 
 
 def _state(config: pytest.Config) -> SessionState:

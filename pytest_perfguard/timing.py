@@ -224,6 +224,7 @@ class MeasureConfig:
     target: float = 0.01  # stop once both relative CI half-widths are under this
     budget_s: float = 5.0  # time budget for this measurement (the case's budget)
     min_blocks: int = 12
+    min_time_s: float = 0.0  # keep measuring at least this long (GPU: span clock and thermal states)
     max_blocks: int = 400
     samples_per_block: int = 5
     min_sample_ns: float = 200_000.0  # a sample should take at least this long
@@ -348,7 +349,7 @@ def measure(
                 notes.append(problem)
         n = len(v_blocks)
         spent = timer.now_ns() - t_start
-        if n >= cfg.min_blocks:
+        if n >= cfg.min_blocks and spent >= cfg.min_time_s * 1e9:
             log_t, log_r = _intervals(v_blocks, a_blocks, cfg.confidence)
             narrow = relative_half_width(log_t) <= cfg.target and (
                 log_r is None or relative_half_width(log_r) <= cfg.target

@@ -52,9 +52,10 @@ class Policy:
     def delta(self, noise: float) -> float:
         return max(self.margin, NOISE_K * max(noise, self.noise_floor))
 
-    def ratio_delta(self) -> float:
-        """The in-run ratio cancels machine-to-machine and run-to-run drift, so it carries its own, smaller floor."""
-        return max(self.margin, NOISE_K * self.ratio_noise_floor)
+    def ratio_delta(self, noise: float) -> float:
+        """The in-run ratio cancels machine-to-machine drift but not a kernel's own run-to-run spread
+        (autotuning, placement), which the stored noise carries."""
+        return max(self.margin, NOISE_K * max(noise, self.ratio_noise_floor))
 
 
 @dataclass
@@ -190,7 +191,7 @@ def decide(
             base_r = math.log(stored.ratio)
             shown_r = combine_difference(log_r, base_r, bh)
             dec_r = combine_difference(log_r_dec, base_r, _rescale(bh, conf))
-            tau_r = math.log1p(policy.ratio_delta())
+            tau_r = math.log1p(policy.ratio_delta(stored.noise))
             verdict.gates.append(_judge("ratio", dec_r, shown_r, tau_r, "ratio vs baseline ratio"))
     if max_ratio is not None and log_r is not None and log_r_dec is not None:
         verdict.gates.append(_max_ratio_gate(log_r, log_r_dec, max_ratio))

@@ -346,3 +346,37 @@ def test_missing_baseline_folder_in_update_mode_is_a_clear_error(pytester: pytes
     result.stdout.fnmatch_lines(["*baseline folder .ci*baselines does not exist*Nothing was written*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert not (pytester.path / ".ci").exists()
+
+
+# ---------------------------------------------------------------------------------------------- faults
+
+_STICKY = 'lambda q, k, v, causal: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access was encountered"))'
+_OOM = 'lambda q, k, v, causal: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))'
+
+
+def test_sticky_cuda_error_fails_its_case_and_no_later_case_is_judged(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case(extra=f', "aaa_poison": {_STICKY}'))
+    result = run(project, ["-p", "no:xdist"], "--perfguard-update-baseline", "-rs")
+    result.stdout.fnmatch_lines(["aaa_poison: correctness check raised RuntimeError: CUDA error: an illegal memory access*"])
+    result.stdout.fnmatch_lines(["*not run: CUDA context poisoned by test_k.py::test_attn[[]aaa_poison-8[]]*"])
+    result.stdout.fnmatch_lines(["*no baseline written: the CUDA context was poisoned*"])
+    assert "regressed" not in result.stdout.str()
+    assert not list((project.path / ".ci" / "baselines").glob("*.json"))
+
+
+def test_out_of_memory_fails_that_case_and_the_run_goes_on(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case(extra=f', "oom": {_OOM}'))
+    result = run(project, ["-p", "no:xdist"], "--perfguard")
+    result.assert_outcomes(passed=4, failed=2)
+    result.stdout.fnmatch_lines(["oom: CUDA out of memory in correctness check (inputs float64[[]1,2,8,16[]]*Tried to allocate 2.00 GiB*"])
+
+
+def test_hung_kernel_times_out_with_the_case_name_and_results_are_flushed(project: pytest.Pytester) -> None:
+    hang = "lambda q, k, v, causal: __import__('time').sleep(3600)"
+    project.makepyfile(test_k=_case(extra=f', "hang": {hang}'))
+    result = run(project, ["-p", "no:xdist"], "--perfguard", "--perfguard-case-timeout", "3",
+                 "--perfguard-json", "r.json", "-k", "hang and 8")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*perfguard: TIMEOUT: test_k.py::test_attn[[]hang-8[]] ran longer than 3s*"])
+    doc = json.loads((project.path / "r.json").read_text())
+    assert any(r["verdict"] == "timeout" for r in doc["results"])

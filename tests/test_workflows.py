@@ -270,7 +270,10 @@ def _guard_planned(repo: Path, tmp_path: Path, event_path: Path) -> tuple[bool, 
     ran = "Run Main GPU state" in out
     assert skipped != ran, _act_output(proc)
     if ran:
-        assert "no GPU here (test stub)" in out and proc.returncode != 0, _act_output(proc)
+        # The job started and stopped at its GPU check: the stub's message is the usual evidence; under a
+        # heavily loaded host act has been seen to drop that step's output, so its failure line counts too.
+        stopped = "no GPU here (test stub)" in out or re.search(r"Failure - Main GPU state", out) is not None
+        assert stopped and proc.returncode != 0, _act_output(proc)
     else:
         assert proc.returncode == 0, _act_output(proc)
     return ran, out

@@ -1,0 +1,286 @@
+"""The measurement engine on a fake clock: when it stops, how it pairs, and what the verdict makes of it.
+
+Fake kernels advance a fake nanosecond clock, so every figure here is deterministic. The last tests drive
+them with real per-launch times recorded on an H200 (tests/data), so the verdict sees real GPU noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pytest_perfguard.baseline import BaselineEntry
+from pytest_perfguard.stats import relative_half_width
+from pytest_perfguard.timing import CpuTimer, MeasureConfig, Measurement, choose_reps, measure, pooled
+from pytest_perfguard.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json"
+GPU_POLICY = Policy(margin=0.02, alpha=0.05, family_size=1, noise_floor=0.003, ratio_noise_floor=0.002)
+
+
+class FakeClock:
+    """Integer nanoseconds that only fake kernels move."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def kernel(clock: FakeClock, duration: Callable[[], float]) -> Callable[[int], Callable[[], object]]:
+    """A variant factory as `measure` wants it: every call advances the clock by `duration()` ns."""
+
+    def call() -> None:
+        clock.now += round(duration())
+
+    return lambda _i: call
+
+
+def jitter(ns: float, rel_sd: float, seed: int) -> Callable[[], float]:
+    rng = np.random.default_rng(seed)
+    return lambda: ns * math.exp(rel_sd * rng.standard_normal())
+
+
+# ---------------------------------------------------------------------------------------------- stopping
+
+
+def test_stops_on_target_but_not_before_min_blocks() -> None:
+    clock = FakeClock()
+    cfg = MeasureConfig(target=0.01, budget_s=5.0, min_blocks=12)
+    m = measure(kernel(clock, lambda: 10_000.0), kernel(clock, lambda: 5_000.0), CpuTimer(clock), cfg,
+                rng=random.Random(0))
+    assert m.stop_reason == "target"
+    assert m.blocks == cfg.min_blocks  # a zero-width interval at block 1 still waits for min_blocks
+    assert m.time.estimate == pytest.approx(10_000.0)
+    assert m.ratio is not None and m.ratio.estimate == pytest.approx(2.0)
+
+
+def test_min_time_keeps_measuring_past_a_narrow_interval() -> None:
+    """On a GPU the blocks must span some time (clock states), however narrow the interval gets early."""
+    clock = FakeClock()
+    cfg = MeasureConfig(target=0.01, budget_s=5.0, min_blocks=12, min_time_s=0.05)
+    m = measure(kernel(clock, lambda: 10_000.0), kernel(clock, lambda: 5_000.0), CpuTimer(clock), cfg,
+                rng=random.Random(0))
+    assert m.stop_reason == "target"
+    assert m.elapsed_s >= cfg.min_time_s
+    assert m.blocks > cfg.min_blocks
+
+
+def test_stops_on_target_with_noise_and_the_interval_is_narrow() -> None:
+    clock = FakeClock()
+    cfg = MeasureConfig(target=0.01, budget_s=5.0)
+    m = measure(kernel(clock, jitter(20_000.0, 0.05, 1)), kernel(clock, jitter(20_000.0, 0.05, 2)),
+                CpuTimer(clock), cfg, rng=random.Random(1))
+    assert m.stop_reason == "target"
+    assert m.blocks >= cfg.min_blocks
+    assert relative_half_width(m.log_time) <= cfg.target
+    assert m.log_ratio is not None and relative_half_width(m.log_ratio) <= cfg.target
+    assert m.time.lo <= 20_000.0 * 1.01 and m.time.hi >= 20_000.0 * 0.99
+    assert m.elapsed_s < cfg.budget_s
+
+
+def test_stops_on_budget_when_noise_is_too_high() -> None:
+    clock = FakeClock()
+    cfg = MeasureConfig(target=0.001, budget_s=0.05, min_blocks=12)
+    m = measure(kernel(clock, jitter(50_000.0, 0.5, 3)), None, CpuTimer(clock), cfg, rng=random.Random(3))
+    assert m.stop_reason == "budget"
+    assert m.blocks >= 6  # never judged on fewer blocks, even when the budget is spent
+    assert m.elapsed_s >= cfg.budget_s
+    assert relative_half_width(m.log_time) > cfg.target
+    assert m.ratio is None and m.against_blocks is None
+
+
+def test_stops_at_max_blocks() -> None:
+    clock = FakeClock()
+    cfg = MeasureConfig(target=1e-6, budget_s=100.0, min_blocks=6, max_blocks=20)
+    m = measure(kernel(clock, jitter(10_000.0, 0.2, 4)), None, CpuTimer(clock), cfg, rng=random.Random(4))
+    assert (m.stop_reason, m.blocks) == ("max_blocks", 20)
+
+
+# ----------------------------------------------------------------------------------------------- pairing
+
+
+def test_ratio_is_paired_per_block() -> None:
+    """The device speed changes wildly between blocks; a variant exactly 2x its reference still reads 2.000."""
+    clock = FakeClock()
+    speed = [1.0]
+    rng = random.Random(5)
+
+    def next_block() -> None:
+        speed[0] = rng.choice([0.5, 0.8, 1.0, 1.7, 3.0])
+
+    cfg = MeasureConfig(target=0.01, budget_s=5.0, min_blocks=12, max_blocks=40)
+    m = measure(
+        kernel(clock, lambda: 2 * round(4_000 * speed[0])),
+        kernel(clock, lambda: round(4_000 * speed[0])),
+        CpuTimer(clock), cfg, rng=random.Random(6), on_block=next_block,
+    )
+    assert m.ratio is not None and m.log_ratio is not None
+    assert f"{m.ratio.estimate:.3f}" == "2.000"
+    assert relative_half_width(m.log_ratio) == pytest.approx(0.0, abs=1e-12)
+    assert relative_half_width(m.log_time) > 0.10  # the time itself is all over the place
+    assert m.stop_reason == "max_blocks"  # the time interval never gets narrow; the ratio is exact anyway
+
+
+def test_sides_are_interleaved_in_random_order() -> None:
+    clock = FakeClock()
+    order: list[str] = []
+
+    def side(name: str, ns: int) -> Callable[[int], Callable[[], object]]:
+        def call() -> None:
+            clock.now += ns
+            order.append(name)
+
+        return lambda _i: call
+
+    cfg = MeasureConfig(target=0.5, budget_s=5.0, min_blocks=6, samples_per_block=5, min_sample_ns=1.0)
+    measure(side("v", 1000), side("a", 1000), CpuTimer(clock), cfg, rng=random.Random(7))
+    timed = order[6 + 6 + 2 :]  # after the warm-up (3 each), single-call probes (3 each) and discarded samples
+    pairs = list(zip(timed[0::2], timed[1::2], strict=True))
+    assert all(sorted(p) == ["a", "v"] for p in pairs)  # each sample slot times both sides once
+    assert {p[0] for p in pairs} == {"v", "a"}  # in random order: neither side always goes first
+    assert timed.count("v") == timed.count("a")
+
+
+# ------------------------------------------------------------------------------------ samples and reps
+
+
+def test_fast_calls_are_batched_into_reps() -> None:
+    cfg = MeasureConfig()
+    assert choose_reps(9_000.0, cfg, 0) == 23  # 200 us per sample
+    assert choose_reps(100.0, cfg, 0) == cfg.max_reps
+    assert choose_reps(9_000.0, cfg, bytes_per_copy=cfg.max_copy_bytes // 4) == 4  # memory caps the copies
+    assert choose_reps(5e6, cfg, 0) == 1
+
+
+@pytest.mark.parametrize(("call_ms", "expected_spb"), [(0.01, 5), (5.0, 5), (20.0, 2), (50.0, 1)])
+def test_slow_calls_get_fewer_samples_per_block(call_ms: float, expected_spb: int) -> None:
+    """min_blocks blocks of both sides should fit the budget: 1 s / (12 blocks * 2 sides * call)."""
+    clock = FakeClock()
+    ns = call_ms * 1e6
+    cfg = MeasureConfig(target=0.5, budget_s=1.0, min_blocks=12)
+    m = measure(kernel(clock, lambda: ns), kernel(clock, lambda: ns), CpuTimer(clock), cfg, rng=random.Random(8))
+    assert m.samples_per_block == expected_spb
+    if call_ms >= 5.0:
+        assert m.reps == 1
+
+
+def test_copies_override_reps_and_pooling_keeps_all_blocks() -> None:
+    clock = FakeClock()
+    cfg = MeasureConfig(target=0.01, budget_s=5.0)
+    a = measure(kernel(clock, jitter(9_000.0, 0.01, 9)), None, CpuTimer(clock), cfg, rng=random.Random(9))
+    b = measure(kernel(clock, jitter(9_000.0, 0.01, 10)), None, CpuTimer(clock), cfg, copies=a.reps,
+                rng=random.Random(10))
+    assert b.reps == a.reps == 23
+    p = pooled(a, b, cfg.confidence)
+    assert p.blocks == a.blocks + b.blocks
+    assert p.stop_reason == "target+remeasured:target"
+    assert p.elapsed_s == pytest.approx(a.elapsed_s + b.elapsed_s)
+
+
+# ----------------------------------------------------------------------------- verdicts on H200 noise
+
+
+class RecordedKernels:
+    """Fake variant and reference whose durations are resampled from recorded H200 launches.
+
+    At every engine block both sides move to a random recorded block (the recorded blocks of the kernels
+    alternate in time, so drift is shared); each call draws one of that block's launches. The cold first
+    launch of each recorded block is left out, as the engine's warm-up stands for it.
+    """
+
+    def __init__(self, case: str, kernel_name: str, seed: int, slowdown: float = 0.0) -> None:
+        raw = json.loads(DATA.read_text())
+        self.pool = np.asarray(raw["cases"][case][kernel_name], dtype=np.float64)[:, 1:] * 1e3
+        self.rng = np.random.default_rng(seed)
+        self.factor = 1.0 + slowdown
+        self.clock = FakeClock()
+        self.disturb_at: int | None = None
+        self.blocks_seen = 0
+        self.next_block()
+
+    def next_block(self) -> str | None:
+        self.row = self.pool[int(self.rng.integers(self.pool.shape[0]))]
+        self.blocks_seen += 1
+        if self.disturb_at is not None and self.blocks_seen == self.disturb_at:
+            return "SM clock throttled (thermal) during block"
+        return None
+
+    def side(self, factor: float) -> Callable[[int], Callable[[], object]]:
+        def call() -> None:
+            self.clock.now += round(self.row[int(self.rng.integers(self.row.size))] * factor)
+
+        return lambda _i: call
+
+    def measure(self, cfg: MeasureConfig, copies: int | None = None) -> Measurement:
+        return measure(self.side(self.factor), self.side(1.0), CpuTimer(self.clock), cfg, copies=copies,
+                       rng=random.Random(int(self.rng.integers(2**32))), on_block=self.next_block)
+
+
+CASE = "B16_H8_S512_D64_fp16_causal"
+CFG = MeasureConfig(target=0.01, budget_s=5.0)
+
+
+def stored_entry(m: Measurement) -> BaselineEntry:
+    """What an update run stores for this measurement (as the session builds it)."""
+    assert m.ratio is not None
+    return BaselineEntry(
+        case_id="tests/perf::case", workload="w" * 64, workload_desc="simulated", env={},
+        median_ns=m.time.estimate, ci_ns=(m.time.lo, m.time.hi), ratio=m.ratio.estimate,
+        ratio_ci=(m.ratio.lo, m.ratio.hi), noise=0.003, runs=1, blocks=m.blocks, updated="2026-11-21",
+    )
+
+
+def judge(fake: RecordedKernels, stored: BaselineEntry) -> tuple[Verdict, Measurement]:
+    """decide() plus the runner's rule: regressed or inconclusive is re-measured once and judged pooled."""
+
+    def verdict(m: Measurement) -> Verdict:
+        return decide(m.variant_blocks, m.against_blocks, stored, workload="w" * 64, env={},
+                      policy=GPU_POLICY, max_ratio=None, incomparable=[], disturbances=m.notes)
+
+    m = fake.measure(CFG)
+    v = verdict(m)
+    if v.needs_remeasure:
+        m = pooled(m, fake.measure(CFG, copies=m.reps), CFG.confidence)
+        v = verdict(m)
+    return v, m
+
+
+@pytest.fixture(scope="module")
+def baseline() -> BaselineEntry:
+    return stored_entry(RecordedKernels(CASE, "sdpa_l2flush", seed=100).measure(CFG))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_a_rerun_on_h200_noise_passes(baseline: BaselineEntry, seed: int) -> None:
+    v, m = judge(RecordedKernels(CASE, "sdpa_l2flush", seed=seed), baseline)
+    assert v.status == PASS, [g.reason for g in v.gates]
+    assert {g.name for g in v.gates} == {"baseline", "ratio"}
+    assert m.stop_reason == "target"
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_ten_percent_slower_on_h200_noise_is_regressed(baseline: BaselineEntry, seed: int) -> None:
+    v, _ = judge(RecordedKernels(CASE, "sdpa_l2flush", seed=seed, slowdown=0.10), baseline)
+    assert v.status == REGRESSED
+    gates = {g.name: g for g in v.gates}
+    assert gates["baseline"].status == REGRESSED and gates["ratio"].status == REGRESSED
+    assert gates["baseline"].estimate == pytest.approx(1.10, abs=0.01)
+    assert "beyond the 2.0% margin" in gates["baseline"].reason
+
+
+def test_a_disturbance_makes_a_slowdown_inconclusive_not_regressed(baseline: BaselineEntry) -> None:
+    fake = RecordedKernels(CASE, "sdpa_l2flush", seed=6, slowdown=0.10)
+    fake.disturb_at = 5
+    v, m = judge(fake, baseline)
+    assert m.notes == ["SM clock throttled (thermal) during block"]
+    assert any(g.status == REGRESSED for g in v.gates)  # the numbers still say slower ...
+    assert v.status == INCONCLUSIVE  # ... but a disturbed measurement never fails the build
+    assert v.disturbances == m.notes
