@@ -19,7 +19,7 @@ import torch
 
 # Keys whose change makes stored timings incomparable. The driver is recorded but not compared: it
 # rarely moves kernel time, and machines of one model in a runner pool often differ in it.
-COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "sdpa_backend")
+COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "against_backend")
 
 
 def slugify(name: str) -> str:
@@ -105,7 +105,8 @@ def incomparable(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     out = []
     for key in COMPARED_KEYS:
         if key in stored and stored.get(key) != current.get(key):
-            out.append(f"{key} {stored.get(key)} -> {current.get(key)}")
+            label = "SDPA backend" if key == "against_backend" else key
+            out.append(f"{label} {stored.get(key)} \u2192 {current.get(key)}")
     return out
 
 

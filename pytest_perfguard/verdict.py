@@ -175,10 +175,22 @@ def decide(
         verdict.gates.append(Gate("baseline", NO_BASELINE, reason="no stored baseline for this case"))
     elif stored.workload != workload:
         verdict.gates.append(
-            Gate("baseline", NOT_COMPARABLE, reason="not comparable: workload changed (different shapes, dtypes or arguments)")
+            Gate(
+                "baseline",
+                NOT_COMPARABLE,
+                reason="not comparable: workload changed (different shapes, dtypes or arguments) under the same "
+                "test id; re-baseline with pytest --perfguard-update-baseline",
+            )
         )
     elif incomparable:
-        verdict.gates.append(Gate("baseline", NOT_COMPARABLE, reason="not comparable: " + ", ".join(incomparable)))
+        verdict.gates.append(
+            Gate(
+                "baseline",
+                NOT_COMPARABLE,
+                reason="not comparable: " + ", ".join(incomparable)
+                + "; if the change is intended, re-baseline with pytest --perfguard-update-baseline",
+            )
+        )
     else:
         tau = math.log1p(policy.delta(stored.noise))
         base = math.log(stored.median_ns)

@@ -1,0 +1,102 @@
+"""Does the reported time agree with Nsight Compute's gpu__time_duration for single-kernel variants?
+
+Two modes:
+  python benchmarks/ncu_check.py --launch     runs each (variant, shape) a few times: the program ncu profiles
+  python benchmarks/ncu_check.py --compare    times the same cases with the engine, runs ncu on --launch
+                                              (clock control off, caches flushed, as the engine does),
+                                              and prints both with their difference
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from tabulate import tabulate
+
+CASES = [("triton_flash", (16, 8, 512, 64)), ("triton_flash", (4, 16, 2048, 64)), ("cuda_wmma", (16, 8, 512, 64)),
+         ("cuda_wmma", (4, 16, 2048, 64)), ("cuda_tiled", (8, 8, 256, 64))]
+LAUNCHES = 10
+
+
+def _inputs(shape: tuple[int, int, int, int]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.randn(*shape, device="cuda", dtype=torch.float16) for _ in range(3))
+
+
+def launch() -> None:
+    from kernels import VARIANTS
+
+    for name, shape in CASES:
+        q, k, v = _inputs(shape)
+        fn = VARIANTS[name].fn
+        fn(q, k, v, True)  # build / JIT outside the profiled range
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        for _ in range(LAUNCHES):
+            fn(q, k, v, True)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+def compare() -> int:
+    from kernels import VARIANTS
+    from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
+
+    timer = CudaTimer()
+    engine = {}
+    for name, shape in CASES:
+        copies = [_inputs(shape) for _ in range(8)]
+        fn = VARIANTS[name].fn
+
+        def call(i: int, fn=fn, copies=copies):
+            q, k, v = copies[i % len(copies)]
+            return lambda: fn(q, k, v, True)
+
+        engine[(name, shape)] = measure(call, None, timer, MeasureConfig(min_time_s=0.3)).time.estimate / 1e3
+    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--cache-control", "all",
+           "--metrics", "gpu__time_duration.sum", "--csv", sys.executable, __file__, "--launch"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    text = proc.stdout[proc.stdout.find('"ID"'):]
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if not rows:
+        print("ncu produced no rows:\n", proc.stdout[-3000:], proc.stderr[-3000:])
+        return 1
+    # Rows come in launch order: LAUNCHES kernels per case (single-kernel variants).
+    per_case: list[list[float]] = []
+    to_us = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+    values = [float(r["Metric Value"].replace(",", "")) * to_us.get(r["Metric Unit"], float("nan"))
+              for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
+    units = {r["Metric Unit"] for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"}
+    for i in range(len(CASES)):
+        per_case.append(values[i * LAUNCHES:(i + 1) * LAUNCHES])
+    table = []
+    for (name, shape), ncu_us in zip(CASES, per_case, strict=True):
+        e = engine[(name, shape)]
+        n = statistics.median(ncu_us) if ncu_us else float("nan")
+        table.append([name, "B{} H{} S{} D{}".format(*shape), f"{e:.2f}", f"{n:.2f}", f"{(e / n - 1) * 100:+.1f}%"])
+    props = torch.cuda.get_device_properties(0)
+    print(f"device: {props.name}; torch {torch.__version__}; ncu units {sorted(units)}; {LAUNCHES} profiled launches per case")
+    print(tabulate(table, headers=["variant", "shape", "engine us", "ncu gpu__time_duration us (median)", "engine vs ncu"],
+                   disable_numparse=True))
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launch", action="store_true")
+    ap.add_argument("--compare", action="store_true")
+    a = ap.parse_args()
+    if a.launch:
+        launch()
+        raise SystemExit(0)
+    raise SystemExit(compare())
