@@ -73,7 +73,7 @@ def compare() -> int:
         return 1
     # Rows come in launch order: LAUNCHES kernels per case (single-kernel variants).
     per_case: list[list[float]] = []
-    to_us = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+    to_us = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
     values = [float(r["Metric Value"].replace(",", "")) * to_us.get(r["Metric Unit"], float("nan"))
               for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
     units = {r["Metric Unit"] for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"}
