@@ -126,7 +126,7 @@ def combine_difference(a: Interval, b_estimate: float, b_half_width: float) -> I
 def one_sided_p_above(interval: Interval, threshold: float) -> float:
     """Approximate p-value for H0: true value <= threshold, from an interval's width (normal approximation).
 
-    Used only to order cases for the family-wise correction, never as the verdict itself.
+    For reports and step-down corrections (Holm); the verdicts themselves use intervals, never this value.
     """
     z_conf = float(_sp.norm.ppf(0.5 + interval.confidence / 2.0))
     se = (interval.estimate - interval.lo) / z_conf if math.isfinite(interval.lo) else math.inf
