@@ -495,8 +495,8 @@ def correctness(args: argparse.Namespace) -> dict[str, Any]:
               "rule": "max abs error vs float64 <= 2 x native-precision math error + eps " + str(
                   {str(k).removeprefix("torch."): v for k, v in EPS.items()}),
               "correctness": results}
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "correctness.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if os.environ.get("PERFGUARD_RESULTS_DIR"):
+        (Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "correctness.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
 
 
@@ -554,8 +554,8 @@ def sweep_only(args: argparse.Namespace) -> dict[str, Any]:
         print("  " + ", ".join(f"{k} {t:.1f}us x{r:.3f}" if r else f"{k} {e[:80]}" for t, k, r, e in ranked))
         del inputs, ref
         torch.cuda.empty_cache()
-        if os.environ.get("OUT"):
-            (Path(os.environ["OUT"]) / f"sweep_d{args.head_dim}.json").write_text(json.dumps(report, indent=2, sort_keys=True,
+        if os.environ.get("PERFGUARD_RESULTS_DIR"):
+            (Path(os.environ["PERFGUARD_RESULTS_DIR"]) / f"sweep_d{args.head_dim}.json").write_text(json.dumps(report, indent=2, sort_keys=True,
                                                                            default=str) + "\n")
     return report
 
@@ -581,8 +581,8 @@ def print_shape(row: dict[str, Any]) -> None:
 def write_json(report: dict[str, Any], args: argparse.Namespace) -> None:
     text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
     targets = [Path(args.json)] if args.json else []
-    if os.environ.get("OUT"):
-        targets.append(Path(os.environ["OUT"]) / "attention.json")
+    if os.environ.get("PERFGUARD_RESULTS_DIR"):
+        targets.append(Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "attention.json")
     for path in targets:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -594,7 +594,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
-    p.add_argument("--json", help="write the results as JSON here (also to $OUT/attention.json when set)")
+    p.add_argument("--json", help="write the results as JSON here (also to $PERFGUARD_RESULTS_DIR/attention.json when set)")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--no-causal", action="store_true")

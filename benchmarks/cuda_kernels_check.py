@@ -13,7 +13,7 @@ Timing: CUDA events around the replay of a CUDA graph holding N calls (N = 20 fo
 slow ones), median over 30 replays, divided by N; this is device time without host dispatch. SDPA is timed
 the same way with its default dispatch (backend recorded) and each fused backend pinned.
 
-When $OUT is set, the log and a JSON record are written there.
+When PERFGUARD_RESULTS_DIR is set, the log and a JSON record are written there.
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def main() -> int:
 
     tee = Tee()
     sys.stdout = tee
-    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    out_dir = Path(os.environ["PERFGUARD_RESULTS_DIR"]) if os.environ.get("PERFGUARD_RESULTS_DIR") else None
     record: dict[str, Any] = {"schema_version": 1}
     try:
         rc = run(args, record)

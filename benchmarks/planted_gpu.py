@@ -104,7 +104,7 @@ def main() -> int:
     print(tabulate(rows, headers=["variant", "shape", "planted", "regressed", "inconclusive", "median s/verdict"],
                    disable_numparse=True))
     doc = {"device": props.name, "torch": torch.__version__, "margin": args.margin, "rows": out}
-    for path in [args.json, Path(os.environ["OUT"]) / "planted.json" if os.environ.get("OUT") else None]:
+    for path in [args.json, Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "planted.json" if os.environ.get("PERFGUARD_RESULTS_DIR") else None]:
         if path is not None:
             path.write_text(json.dumps(doc, indent=2) + "\n")
     return 0

@@ -114,7 +114,7 @@ def main() -> int:
                                   "engine A/A us ±CI", "A/A diff", "blocks x reps, stop", "time s", "wall/event", "mode"],
                    disable_numparse=True))
     doc = {"device": props.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": out}
-    for path in [args.json, Path(os.environ["OUT"]) / "timing_check.json" if os.environ.get("OUT") else None]:
+    for path in [args.json, Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "timing_check.json" if os.environ.get("PERFGUARD_RESULTS_DIR") else None]:
         if path is not None:
             path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return 0
