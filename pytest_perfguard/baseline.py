@@ -631,12 +631,19 @@ def fold_noise(old: BaselineEntry, new_median_ns: float, noise_floor: float) -> 
 
 
 def merge_entry(
-    old: BaselineEntry | None, new: BaselineEntry, noise_floor: float
+    old: BaselineEntry | None, new: BaselineEntry, noise_floor: float, change_threshold: float | None = None
 ) -> tuple[BaselineEntry, str]:
-    """The entry to store and what happened to it: 'added', 'updated' (noise folded) or 'reset'."""
+    """The entry to store and what happened to it: 'added', 'updated' (noise folded) or 'reset'.
+
+    With ``change_threshold`` (a fraction, the guard's margin), a run that moved the median by more than
+    that is a changed kernel, not another sample of the same one: folding it would inflate the stored noise
+    and with it the margin, silently blinding the guard for that case after every intended speed-up.
+    """
     if old is None:
         return replace(new, noise=max(noise_floor, new.noise), runs=1), "added"
-    if old.workload == new.workload and old.workload != UNKNOWN_WORKLOAD and old.env == new.env:
+    same = old.workload == new.workload and old.workload != UNKNOWN_WORKLOAD and old.env == new.env
+    moved = change_threshold is not None and abs(math.log(new.median_ns / old.median_ns)) > math.log1p(change_threshold)
+    if same and not moved:
         return replace(new, noise=fold_noise(old, new.median_ns, noise_floor), runs=old.runs + 1), "updated"
     return replace(new, noise=max(noise_floor, new.noise), runs=1), "reset"
 
@@ -648,6 +655,7 @@ def update_baseline(
     *,
     noise_floor: float,
     lock_timeout: float = LOCK_TIMEOUT_S,
+    change_threshold: float | None = None,
 ) -> UpdateSummary:
     """Store ``entries`` in the baseline at ``path``, keeping every other case, under an inter-process lock.
 
@@ -675,7 +683,7 @@ def update_baseline(
             new = entries[case_id]
             if new.case_id != case_id:
                 raise ValueError(f"entry key {case_id!r} differs from its case_id {new.case_id!r}")
-            merged, what = merge_entry(cases.get(case_id), new, noise_floor)
+            merged, what = merge_entry(cases.get(case_id), new, noise_floor, change_threshold)
             cases[case_id] = merged
             getattr(summary, what).append(case_id)
         summary.kept = sum(1 for case_id in bf.cases if case_id not in entries)

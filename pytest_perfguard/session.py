@@ -121,13 +121,16 @@ def _update(
         )
         return
     try:
-        summary = bl.update_baseline(path, state.device_info, entries, noise_floor=state.noise_floor)
+        summary = bl.update_baseline(
+            path, state.device_info, entries, noise_floor=state.noise_floor, change_threshold=s.margin
+        )
     except (bl.BaselineError, OSError, ValueError) as exc:
         out.errors.append(f"perfguard: baseline not written: {exc}")
         return
     out.messages.append(
         f"perfguard: baseline {path}: {len(summary.added)} added, {len(summary.updated)} updated "
-        f"(between-run noise folded in), {len(summary.reset)} reset (workload or environment changed), "
+        f"(between-run noise folded in), {len(summary.reset)} reset (workload, environment or time changed by more "
+        f"than the {s.margin:.0%} margin: a new kernel, whose noise is measured afresh), "
         f"{summary.kept} kept"
     )
     if bad:

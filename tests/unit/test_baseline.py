@@ -779,3 +779,16 @@ def test_stale_entries_and_remove(tmp_path: Path) -> None:
     before = path.read_bytes()
     assert remove_cases(path, {"zzz"}) == []
     assert path.read_bytes() == before
+
+
+def test_a_changed_kernel_resets_instead_of_inflating_the_noise(tmp_path: Path) -> None:
+    """An intended 20% speed-up recorded as 'more noise' would widen the margin to ~35% and blind the guard."""
+    path = tmp_path / "dev.json"
+    update_baseline(path, DEVICE, {"a": entry("a", 10_000.0)}, noise_floor=0.005, change_threshold=0.05)
+    same = update_baseline(path, DEVICE, {"a": entry("a", 10_100.0)}, noise_floor=0.005, change_threshold=0.05)
+    assert same.updated == ["a"] and read_baseline(path).cases["a"].runs == 2
+    faster = update_baseline(path, DEVICE, {"a": entry("a", 8_000.0)}, noise_floor=0.005, change_threshold=0.05)
+    assert faster.reset == ["a"]
+    stored = read_baseline(path).cases["a"]
+    assert (stored.runs, stored.median_ns) == (1, 8_000.0)
+    assert stored.noise == 0.005
