@@ -243,8 +243,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         )
         return
     records = merged["records"] + state.records
-    if not merged["records"]:
-        pass
     collected = None if merged["deselected"] else set(merged["collected"])
     if not state.settings.enabled and not state.records and not merged["records"]:
         config.stash[OUTCOME] = Outcome()
