@@ -15,6 +15,7 @@ from . import baseline as bl
 from .marker import MARK_NAME, VARIANT_ARG, PerfCase
 from .runner import Runner, SessionState, Settings, make_state
 from .session import Outcome, baseline_file, finish
+from .verdict import DEFAULT_MARGIN
 
 STATE = pytest.StashKey[SessionState]()
 MERGED = pytest.StashKey[dict[str, Any]]()
@@ -26,7 +27,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 # name -> (help, type, default); every setting has a CLI option, an env variable and an ini key.
 _SETTINGS: dict[str, tuple[str, str, Any]] = {
     "baseline_dir": ("folder of the per-device baseline JSON files", "path", ".ci/baselines"),
-    "margin": ("regression margin as a fraction (0.05 = 5%); never below 4x the stored between-run noise", "float", 0.05),
+    "margin": ("regression margin as a fraction (0.05 = 5%); never below 4x the stored between-run noise", "float", DEFAULT_MARGIN),
     "ci_target": ("stop measuring a case once the 95% CI half-width is under this fraction", "float", 0.01),
     "case_budget": ("seconds of measurement per case (per re-measurement)", "float", 5.0),
     "total_budget": ("seconds of measurement for the whole run; 0 = unlimited", "float", 0.0),

@@ -27,6 +27,7 @@ from .marker import VARIANT_ARG, PerfCase, unmet_requirement
 from .stats import relative_half_width
 from .timing import MeasureConfig, Measurement, make_timer, measure, pooled
 from .verdict import (
+    DEFAULT_MARGIN,
     INCONCLUSIVE,
     NO_BASELINE,
     NOT_COMPARABLE,
@@ -53,7 +54,7 @@ class Settings:
     update: bool = False
     prune: bool = False
     baseline_dir: Path = Path(".ci/baselines")
-    margin: float = 0.05
+    margin: float = DEFAULT_MARGIN
     ci_target: float = 0.01
     case_budget: float = 5.0
     total_budget: float = 0.0  # 0: no limit
