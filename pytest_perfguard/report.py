@@ -73,7 +73,7 @@ def rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
                 r.get("variant", ""),
                 _shape(r),
                 f"{fmt_time(r['median_ns'])} {_pm(r['median_ns'], r.get('ci_ns'))}",
-                f"{r['tflops']:.3g}" if r.get("tflops") else "-",
+                _tflops(r),
                 f"{ratio:.3f} [{rci[0]:.3f}, {rci[1]:.3f}]" if ratio is not None and rci else "-",
                 _delta(r),
                 str(r.get("verdict", "")),
@@ -82,7 +82,17 @@ def rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     return out
 
 
-HEADERS = ["case", "variant", "shape", "time ± CI", "TFLOP/s", "ratio vs against [95% CI]", "Δ vs baseline [95% CI]", "verdict"]
+def _tflops(r: Mapping[str, Any]) -> str:
+    """TFLOP/s with the interval that the time's interval implies (the FLOP count is exact)."""
+    t, flops, ci = r.get("tflops"), r.get("flops"), r.get("ci_ns")
+    if not t:
+        return "-"
+    if not flops or not ci or not ci[0] or not ci[1]:
+        return f"{t:.3g}"
+    return f"{t:.3g} [{flops / ci[1] / 1e3:.3g}, {flops / ci[0] / 1e3:.3g}]"
+
+
+HEADERS = ["case", "variant", "shape", "time ± CI", "TFLOP/s [95% CI]", "ratio vs against [95% CI]", "Δ vs baseline [95% CI]", "verdict"]
 
 
 def _shape(r: Mapping[str, Any]) -> str:
