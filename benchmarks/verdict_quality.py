@@ -22,7 +22,7 @@ Noise model (one simulated *run* = one process):
     `range12` draws from their range: well-behaved kernels;
   * a planted slowdown multiplies every variant duration.
 A baseline is R simulated update runs folded by `merge_entry` (`--baseline-runs`, default 4, as the
-committed H200 baseline was recorded; `--baseline-mean`: a proposal, their geometric mean stored); fresh
+committed H200 baseline was recorded; the plugin stores their geometric mean); fresh
 runs are judged against it, as CI would.
 
 Noise classes: `device` times SDPA with the L2 flushed before each launch (the queue is busy, so events
@@ -42,7 +42,7 @@ Rules compared on the same simulated runs (variant side, first measurement):
     min(noise_ref, noise_cmp) (nvbench's nvbench_compare.py takes the smaller of the two noises).
 
 Usage: python benchmarks/verdict_quality.py [--trials N] [--classes device,multi-kernel,launch-bound]
-           [--drift worst12|range12|survey98|SD|LO:HI] [--baseline-runs R] [--baseline-mean]
+           [--drift worst12|range12|survey98|SD|LO:HI] [--baseline-runs R]
            [--margin M] [--target T] [--min-blocks B] [--noise-k K] [--json PATH]
 The default (200 device verdicts per scenario, 40 per stress class) takes about two minutes on a CPU.
 """
@@ -304,13 +304,9 @@ def _log_quantile(bounds: tuple[float, float], u: float) -> float:
     return lo if hi <= lo else math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
 
 
-def baseline_entry(runs: Sequence[Run], *, mean: bool = False) -> bl.BaselineEntry:
-    """The entry update runs store, built as session.py does (record -> _entry -> merge_entry, in turn).
-
-    Without `mean` this is exactly the plugin: the last run's median, the runs' between-run noise folded in.
-    With `mean`, the *proposal*: also store the geometric mean of the runs' medians and ratios (intervals
-    moved with them), so one unlucky update run no longer sets the baseline.
-    """
+def baseline_entry(runs: Sequence[Run]) -> bl.BaselineEntry:
+    """The entry update runs store, built exactly as session.py does (record -> _entry -> merge_entry, in
+    turn): the runs' geometric-mean time and ratio, their between-run noise folded in."""
     floor = NOISE_FLOOR["cuda"]
     entry: bl.BaselineEntry | None = None
     for run in runs:
@@ -328,15 +324,7 @@ def baseline_entry(runs: Sequence[Run], *, mean: bool = False) -> bl.BaselineEnt
         }
         entry, _ = bl.merge_entry(entry, _entry(record, floor), floor)
     assert entry is not None
-    if not mean or len(runs) == 1:
-        return entry
-    t = math.exp(statistics.fmean(math.log(r.first.time.estimate) for r in runs)) / entry.median_ns
-    ratio, ratio_ci = entry.ratio, entry.ratio_ci
-    if ratio is not None and ratio_ci is not None:
-        q = math.exp(statistics.fmean(math.log(r.first.ratio.estimate) for r in runs if r.first.ratio)) / ratio
-        ratio, ratio_ci = ratio * q, (ratio_ci[0] * q, ratio_ci[1] * q)
-    return replace(entry, median_ns=entry.median_ns * t, ci_ns=(entry.ci_ns[0] * t, entry.ci_ns[1] * t),
-                   ratio=ratio, ratio_ci=ratio_ci)
+    return entry
 
 
 @dataclass
@@ -483,7 +471,6 @@ class Config:
     seed: int = 20261121
     drift: Drift = field(default_factory=Drift)
     baseline_runs: int = 4  # update runs behind a baseline (the plugin folds their between-run noise)
-    baseline_mean: bool = False  # proposal: store the geometric mean of those runs, not the last one
     ratio_noise: bool = False  # proposal: the ratio gate uses the ratio's own folded between-run noise
     # As the runner builds it on CUDA: min_time_s = min(0.3, budget / 2).
     measure: MeasureConfig = field(
@@ -516,7 +503,7 @@ def run_class(
             sd, rsd = cfg.drift.sds(u)
             bases = [simulate_run(pools, 0.0, cfg.measure, rng, sd, rsd) for _ in range(cfg.baseline_runs)]
             base = bases[-1]
-            stored = baseline_entry(bases, mean=cfg.baseline_mean)
+            stored = baseline_entry(bases)
             r_noise = ratio_noise(bases) if cfg.ratio_noise else None
             old = rule_stats(base.calls_v)
             k = min(cfg.runs_per_baseline, per_case - done) if b == n_base - 1 else cfg.runs_per_baseline
@@ -630,7 +617,7 @@ def print_report(result: dict[str, Any], cfg: Config) -> None:
         f"min_time {m.min_time_s:g} s\n"
         f"between-run drift: {cfg.drift.describe()}\n"
         f"baseline: {cfg.baseline_runs} update run(s), "
-        f"{'geometric mean (proposal)' if cfg.baseline_mean else 'last run (plugin)'}"
+        "geometric mean of the update runs (plugin)"
         f"{'; ratio gate on its own folded noise (proposal)' if cfg.ratio_noise else ''}; seed {cfg.seed}"
     )
     for name, res in result["classes"].items():
@@ -667,7 +654,6 @@ def main(argv: list[str] | None = None) -> int:
         help="between-run spread: " + "; ".join(f"{k}: {v}" for k, v in DRIFTS.items()) + "; or SD or LO:HI",
     )
     ap.add_argument("--baseline-runs", type=int, default=4, help="update runs behind each baseline")
-    ap.add_argument("--baseline-mean", action="store_true", help="proposal: store the runs' geometric mean")
     ap.add_argument(
         "--ratio-noise", action="store_true", help="proposal: ratio gate uses the ratio's own folded noise"
     )
@@ -693,7 +679,6 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(
         trials=args.trials,
         baseline_runs=args.baseline_runs,
-        baseline_mean=args.baseline_mean,
         ratio_noise=args.ratio_noise,
         drift=Drift(args.drift),
         keep_first_launch=args.keep_first_launch,
@@ -725,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": date.today().isoformat(),
             "config": {
                 "trials": cfg.trials, "seed": cfg.seed, "drift": cfg.drift.kind, "drift_model": cfg.drift.describe(),
-                "baseline_runs": cfg.baseline_runs, "baseline_mean": cfg.baseline_mean,
+                "baseline_runs": cfg.baseline_runs,
                 "ratio_noise": cfg.ratio_noise,
                 "keep_first_launch": cfg.keep_first_launch, "min_time_s": m.min_time_s,
                 "target": m.target, "budget_s": m.budget_s, "min_blocks": m.min_blocks,

@@ -618,22 +618,61 @@ class UpdateSummary:
     migrated_from: int | None = None
 
 
+CENTER_WINDOW = 8  # runs averaged into a stored time; past that, each new run weighs 1/CENTER_WINDOW
+
+
+def _center_weight(runs: int) -> float:
+    """Weight of a new run in the stored centre after ``runs`` runs were folded in."""
+    return 1.0 / (min(runs, CENTER_WINDOW - 1) + 1)
+
+
 def fold_noise(old: BaselineEntry, new_median_ns: float, noise_floor: float) -> float:
     """Between-run noise after one more run of the same workload and environment.
 
     Pooled standard deviation of ln(time) between runs: the old estimate weighs ``old.runs``, and the new
-    run adds one squared difference ln(new/old)**2 halved, because the difference of two runs each with
-    variance s**2 has variance 2*s**2.
+    run adds one squared difference from the stored centre, ln(new/centre)**2, scaled down by the variance
+    of that difference, s**2 * (1 + w) for a centre that is the mean of 1/w runs (w = 1 after one run:
+    the difference of two runs has variance 2*s**2).
     """
     step = math.log(new_median_ns / old.median_ns)
-    pooled = math.sqrt((old.noise**2 * old.runs + step**2 / 2.0) / (old.runs + 1))
+    pooled = math.sqrt((old.noise**2 * old.runs + step**2 / (1.0 + _center_weight(old.runs - 1))) / (old.runs + 1))
     return max(noise_floor, pooled)
+
+
+def _geo(old: float, new: float, w: float) -> float:
+    return math.exp((1.0 - w) * math.log(old) + w * math.log(new))
+
+
+def _scaled(ci: tuple[float, float] | None, factor: float) -> tuple[float, float] | None:
+    return None if ci is None else (ci[0] * factor, ci[1] * factor)
+
+
+def fold_run(old: BaselineEntry, new: BaselineEntry, noise_floor: float) -> BaselineEntry:
+    """One more run of an unchanged case: the stored time and SDPA ratio become the geometric mean of the
+    runs (the last CENTER_WINDOW, exponentially past that), not the last run's, so one slow or fast
+    process does not become the reference every later run is judged against. The stored intervals keep
+    the last run's relative width around the new centre."""
+    w = _center_weight(old.runs)
+    center = _geo(old.median_ns, new.median_ns, w)
+    ratio, ratio_ci = new.ratio, new.ratio_ci
+    if old.ratio is not None and new.ratio is not None:
+        ratio = _geo(old.ratio, new.ratio, w)
+        ratio_ci = _scaled(new.ratio_ci, ratio / new.ratio)
+    return replace(
+        new,
+        median_ns=center,
+        ci_ns=_scaled(new.ci_ns, center / new.median_ns) or new.ci_ns,
+        ratio=ratio,
+        ratio_ci=ratio_ci,
+        noise=fold_noise(old, new.median_ns, noise_floor),
+        runs=old.runs + 1,
+    )
 
 
 def merge_entry(
     old: BaselineEntry | None, new: BaselineEntry, noise_floor: float, change_threshold: float | None = None
 ) -> tuple[BaselineEntry, str]:
-    """The entry to store and what happened to it: 'added', 'updated' (noise folded) or 'reset'.
+    """The entry to store and what happened to it: 'added', 'updated' (run folded in) or 'reset'.
 
     With ``change_threshold`` (a fraction, the guard's margin), a run that moved the median by more than
     that is a changed kernel, not another sample of the same one: folding it would inflate the stored noise
@@ -644,7 +683,7 @@ def merge_entry(
     same = old.workload == new.workload and old.workload != UNKNOWN_WORKLOAD and old.env == new.env
     moved = change_threshold is not None and abs(math.log(new.median_ns / old.median_ns)) > math.log1p(change_threshold)
     if same and not moved:
-        return replace(new, noise=fold_noise(old, new.median_ns, noise_floor), runs=old.runs + 1), "updated"
+        return fold_run(old, new, noise_floor), "updated"
     return replace(new, noise=max(noise_floor, new.noise), runs=1), "reset"
 
 

@@ -11,7 +11,8 @@ import contextlib
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 
@@ -22,11 +23,15 @@ def lock_path(device: str) -> Path:
 
 
 @contextlib.contextmanager
-def device_lock(device: str, *, exclusive: bool) -> Iterator[None]:
+def device_lock(
+    device: str, *, exclusive: bool, while_waiting: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+) -> Iterator[None]:
+    """Hold the device's lock; `while_waiting` wraps only the wait for it (the watchdog pauses there)."""
     path = lock_path(device)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        with while_waiting():
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
     finally:
         with contextlib.suppress(OSError):

@@ -166,18 +166,25 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"perfguard: {exc}") from None
     config.stash[STATE] = state
     config.stash[MERGED] = {"records": [], "collected": set(), "deselected": False}
-    state.on_timeout = lambda message: _flush_on_timeout(config, message)
+    state.on_timeout = lambda message, item: _flush_on_timeout(config, message, item)
+    _controller_setup(config)
 
 
-def _flush_on_timeout(config: pytest.Config, message: str) -> None:
-    """The hung-kernel exit path: say so past pytest's output capture and write what the run has so far
-    (the controller only); then the watchdog ends the process."""
+def _flush_on_timeout(config: pytest.Config, message: str, item: pytest.Item) -> None:
+    """The hung-kernel exit path: say so past pytest's output capture and write what the run has so far;
+    then the watchdog ends the process. A worker sends the case's failure (and its record) to the
+    controller first, which starts a fresh worker for the remaining cases."""
     capman = config.pluginmanager.getplugin("capturemanager")
     if capman is not None:
         capman.suspend_global_capture(in_=True)
     sys.stderr.write(f"\nperfguard: {message}\n")
     sys.stderr.flush()
     if _is_worker(config):
+        report = pytest.TestReport(
+            nodeid=item.nodeid, location=item.location, keywords={}, outcome="failed", longrepr=message, when="call"
+        )
+        _attach_records(config, report)
+        config.hook.pytest_runtest_logreport(report=report)
         return
     state = _state(config)
     outcome = finish(state, list(state.records), collected_ids=None)
@@ -225,6 +232,98 @@ def perfguard_device(request: pytest.FixtureRequest) -> str:
 
 
 # ------------------------------------------------------------------------------------------- xdist
+#
+# Under xdist every record travels to the controller on the test report of the item that made it, the
+# moment it is made, so a worker that dies (a segfault, a hung kernel, or on purpose after a sticky CUDA
+# error) loses nothing it has already judged. The worker's end-of-session output carries only what the
+# collection saw.
+
+WORKER_POISONED_EXIT = 3
+_RECORDS_ATTR = "perfguard_records"
+_ITEM_ATTR = "perfguard_item"
+
+
+def _attach_records(config: pytest.Config, report: pytest.TestReport) -> None:
+    state = _state(config)
+    sent = config.stash[MERGED].setdefault("sent", 0)
+    if len(state.records) > sent:
+        setattr(report, _RECORDS_ATTR, json.dumps(state.records[sent:], default=str))
+        config.stash[MERGED]["sent"] = len(state.records)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if _is_worker(item.config) and STATE in item.config.stash:
+        if item.get_closest_marker(MARK_NAME) is not None:
+            setattr(report, _ITEM_ATTR, True)
+        _attach_records(item.config, report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    result = yield
+    config = item.config
+    if _is_worker(config) and STATE in config.stash and _state(config).poisoned_by == item.nodeid:
+        # Every later CUDA call in this process would fail. The failure is reported and the records are
+        # sent; leaving now, before xdist marks the item complete, makes the controller start a fresh
+        # worker and hand it this worker's remaining cases.
+        sys.stderr.write(
+            f"\nperfguard: {item.nodeid} poisoned the CUDA context of worker "
+            f"{config.workerinput['workerid']}; the worker exits and xdist replaces it\n"  # type: ignore[attr-defined]
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(WORKER_POISONED_EXIT)
+    return result
+
+
+class _Controller:
+    """The xdist controller's side: collect records as reports arrive, and account for crashed workers."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.perf_items: set[str] = set()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if getattr(report, _ITEM_ATTR, False):
+            self.perf_items.add(report.nodeid)
+        raw = getattr(report, _RECORDS_ATTR, None)
+        if raw:
+            self.config.stash[MERGED]["records"].extend(json.loads(raw))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        merged = self.config.stash[MERGED]
+        mine = [r for r in merged["records"] if r.get("id") == crashitem]
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "?")
+        if any(r.get("sticky") or r.get("verdict") == "timeout" for r in mine):
+            # The case has already failed with its own reason, and the worker left on purpose. Turn xdist's
+            # "crashed" report into an empty teardown so the case is not counted twice.
+            report.outcome = "passed"
+            report.when = "teardown"
+            report.longrepr = None
+            why = "timed out" if any(r.get("verdict") == "timeout" for r in mine) else "poisoned its CUDA context"
+            merged.setdefault("notes", []).append(
+                f"perfguard: worker {worker} ended after {crashitem} {why}; a fresh worker ran its remaining cases"
+            )
+            return
+        if crashitem in self.perf_items and not mine:
+            merged["records"].append(
+                {
+                    "id": crashitem,
+                    "outcome": "failed",
+                    "verdict": "error",
+                    "crashed": True,
+                    "reasons": [f"worker {worker} crashed while running this case (the process died: segfault, abort or killed)"],
+                }
+            )
+
+
+def _controller_setup(config: pytest.Config) -> None:
+    if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_Controller(config), "perfguard-controller")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -234,10 +333,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _is_worker(config):
         config.workeroutput["perfguard"] = json.dumps(  # type: ignore[attr-defined]
             {
-                "records": state.records,
                 "collected": sorted(merged["collected"]),
                 "deselected": merged["deselected"],
-                "poisoned_by": state.poisoned_by,
                 "family_size": state.family_size,
             },
             default=str,
@@ -245,10 +342,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     records = merged["records"] + state.records
     collected = None if merged["deselected"] else set(merged["collected"])
-    if not state.settings.enabled and not state.records and not merged["records"]:
+    if not state.settings.enabled and not records:
         config.stash[OUTCOME] = Outcome()
         return
     outcome = finish(state, records, collected_ids=collected)
+    outcome.messages[:0] = merged.get("notes", [])
     config.stash[OUTCOME] = outcome
     config.stash[MERGED]["final"] = records
     if outcome.errors and session.exitstatus == 0:
@@ -264,13 +362,10 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     data = json.loads(raw)
     config = node.config
     merged = config.stash[MERGED]
-    merged["records"].extend(data["records"])
     merged["collected"].update(data["collected"])
     merged["deselected"] = merged["deselected"] or data["deselected"]
     state = _state(config)
     state.family_size = max(state.family_size, int(data.get("family_size", 1)))
-    if data.get("poisoned_by"):
-        state.poisoned_by = data["poisoned_by"]
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

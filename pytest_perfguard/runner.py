@@ -11,6 +11,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -36,7 +37,7 @@ from .verdict import (
     Verdict,
     decide,
 )
-from .watchdog import deadline
+from .watchdog import Deadline, deadline
 
 # Between-run noise floors (sd of ln time across processes). CPU: a shared 2-core machine moved absolute
 # times by tens of percent between processes, so absolute CPU time is a weak signal.
@@ -78,7 +79,7 @@ class SessionState:
     records: list[dict[str, Any]] = field(default_factory=list)
     timing_spent_s: float = 0.0
     poisoned_by: str | None = None
-    on_timeout: Callable[[str], None] | None = None  # set by the plugin: flush results before the exit
+    on_timeout: Callable[[str, pytest.Item], None] | None = None  # set by the plugin: flush results before the exit
 
     @property
     def kind(self) -> str:
@@ -169,19 +170,32 @@ class Runner:
     def __init__(self, state: SessionState, item: pytest.Item) -> None:
         self.state = state
         self.item = item
+        self._clock: Deadline = Deadline(0.0)
 
     def run(self, case: PerfCase, variant_name: str, factory: Callable[[], Any], params: dict[str, Any]) -> None:
         s = self.state.settings
 
         def expire(message: str) -> None:
             self.state.records.append(
-                {"id": self.item.nodeid, "variant": variant_name, "outcome": "failed", "verdict": "timeout", "reasons": [message]}
+                {
+                    "id": self.item.nodeid,
+                    "test": getattr(self.item, "originalname", self.item.name),
+                    "variant": variant_name,
+                    "params": _display_params(self.item),
+                    "outcome": "failed",
+                    "verdict": "timeout",
+                    "reasons": [message],
+                }
             )
             if self.state.on_timeout is not None:
-                self.state.on_timeout(message)
+                self.state.on_timeout(message, self.item)
 
-        with deadline(s.case_timeout, self.item.nodeid, expire):
+        with deadline(s.case_timeout, self.item.nodeid, expire) as clock:
+            self._clock = clock
             self._run(case, variant_name, factory, params)
+
+    def _lock(self, *, exclusive: bool) -> AbstractContextManager[None]:
+        return device_lock(self.state.settings.device, exclusive=exclusive, while_waiting=self._clock.paused)
 
     def _run(self, case: PerfCase, variant_name: str, factory: Callable[[], Any], params: dict[str, Any]) -> None:
         state, s = self.state, self.state.settings
@@ -217,7 +231,7 @@ class Runner:
         record.update(workload=workload_hash(desc), workload_desc=desc)
         crash: str | None = None
         try:
-            with device_lock(s.device, exclusive=False):
+            with self._lock(exclusive=False):
                 report = check(variant.fn, case.reference, make_inputs, seeds, [case.tolerance, variant.tolerance])
         except Exception as exc:
             crash = self._crashed(record, exc, "correctness check")
@@ -269,6 +283,7 @@ class Runner:
             # Every later CUDA call in this process fails: the remaining GPU cases are reported as not run,
             # never as regressions, and no baseline is written from this session.
             self.state.poisoned_by = record["id"]
+            record["sticky"] = True
         return reason
 
     def _time_and_judge(
@@ -308,7 +323,7 @@ class Runner:
         monitor = Disturbances.open(s.device)
         on_block = monitor.check if monitor is not None else None
         t0 = time.monotonic()
-        with device_lock(s.device, exclusive=True):
+        with self._lock(exclusive=True):
             m = measure(call_of(variant.fn), against, timer, cfg, bytes_per_copy=_bytes(first), on_block=on_block)
         env = self._env(case, first)
         stored = state.baseline.cases.get(self.item.nodeid) if state.baseline is not None else None
@@ -332,7 +347,7 @@ class Runner:
         verdict = judge(m)
         if verdict.needs_remeasure and not s.update:
             # Re-measure once, in a fresh random order, and decide on all blocks together.
-            with device_lock(s.device, exclusive=True):
+            with self._lock(exclusive=True):
                 m2 = measure(call_of(variant.fn), against, timer, cfg, copies=m.reps, bytes_per_copy=_bytes(first), on_block=on_block)
             m = pooled(m, m2, cfg.confidence)
             verdict = judge(m)

@@ -63,10 +63,14 @@ def finish(state: SessionState, records: list[dict[str, Any]], *, collected_ids:
             + (f" ({len(skipped)} skipped: {why})" if skipped else " (no @perf_case test was collected)")
             + ". A perf run that measures nothing must not pass."
         )
-    poisoned = [r for r in records if "CUDA context poisoned" in " ".join(r.get("reasons") or [])]
+    poisoned = [r for r in records if r.get("sticky") or "CUDA context poisoned" in " ".join(r.get("reasons") or [])]
     if s.update and timed:
         if state.poisoned_by or poisoned:
-            out.errors.append("perfguard: no baseline written: the CUDA context was poisoned during this session")
+            culprits = sorted({str(r["id"]) for r in records if r.get("sticky")} | ({state.poisoned_by} if state.poisoned_by else set()))
+            out.errors.append(
+                "perfguard: no baseline written: the CUDA context was poisoned during this session"
+                + (f" (by {', '.join(culprits)})" if culprits else "")
+            )
         else:
             _update(state, records, timed, collected_ids, out)
     elif s.enabled and state.baseline is not None and state.baseline.exists and collected_ids is not None:

@@ -1,7 +1,8 @@
 """A per-case deadline for kernels that never return.
 
 A hung GPU kernel cannot be interrupted from Python: the only way out is to end the process. The watchdog
-thread waits for the case to finish; past the deadline it reports TIMEOUT with the case name, lets the
+thread waits for the case to finish; past the deadline (time spent queued for the device lock does not
+count) it reports TIMEOUT with the case name, lets the
 session flush what it has (results file, step summary), and exits. Under xdist the controller reports
 the crashed worker's case and starts a fresh worker for the rest.
 """
@@ -12,20 +13,72 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 TIMEOUT_EXIT_CODE = 1
 
 
-@contextlib.contextmanager
-def deadline(seconds: float, case_id: str, on_expire: Callable[[str], None] | None = None) -> Iterator[None]:
-    if not seconds or seconds <= 0:
+class Deadline:
+    """The running case's clock. `paused()` stops it while the case waits for another process (the device
+    lock): a case queued behind a hung kernel must not be the one blamed for it."""
+
+    def __init__(self, seconds: float) -> None:
+        self._cond = threading.Condition()
+        self._left = seconds
+        self._expires_at: float | None = time.monotonic() + seconds
+        self.done = False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._cond:
+            if self._expires_at is not None:
+                self._left = self._expires_at - time.monotonic()
+                self._expires_at = None
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._expires_at = time.monotonic() + self._left
+                self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self.done = True
+            self._cond.notify_all()
+
+    def wait_expired(self) -> bool:
+        """Block until the case finishes (False) or its running time passes the limit (True)."""
+        with self._cond:
+            while not self.done:
+                if self._expires_at is None:
+                    self._cond.wait()
+                    continue
+                left = self._expires_at - time.monotonic()
+                if left <= 0:
+                    return True
+                self._cond.wait(left)
+            return False
+
+
+class _NoDeadline(Deadline):
+    def __init__(self) -> None:
+        super().__init__(0.0)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
         yield
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, case_id: str, on_expire: Callable[[str], None] | None = None) -> Iterator[Deadline]:
+    if not seconds or seconds <= 0:
+        yield _NoDeadline()
         return
-    done = threading.Event()
+    clock = Deadline(seconds)
 
     def watch() -> None:
-        if done.wait(seconds):
+        if not clock.wait_expired():
             return
         message = f"TIMEOUT: {case_id} ran longer than {seconds:g}s (--perfguard-case-timeout); ending the session"
         if on_expire is not None:
@@ -40,6 +93,6 @@ def deadline(seconds: float, case_id: str, on_expire: Callable[[str], None] | No
     thread = threading.Thread(target=watch, name="perfguard-deadline", daemon=True)
     thread.start()
     try:
-        yield
+        yield clock
     finally:
-        done.set()
+        clock.finish()

@@ -380,3 +380,48 @@ def test_hung_kernel_times_out_with_the_case_name_and_results_are_flushed(projec
     result.stderr.fnmatch_lines(["*perfguard: TIMEOUT: test_k.py::test_attn[[]hang-8[]] ran longer than 3s*"])
     doc = json.loads((project.path / "r.json").read_text())
     assert any(r["verdict"] == "timeout" for r in doc["results"])
+
+
+def test_under_xdist_a_poisoned_worker_exits_and_a_fresh_one_runs_the_rest(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case(extra=f', "aaa_poison": {_STICKY}'))
+    result = run(project, ["-n", "2"], "--perfguard-update-baseline", "--perfguard-json", "r.json", "-rs")
+    # Each poisoning case fails once, with its own reason; every other case is run by a worker that is
+    # not poisoned and gets a real verdict, none "not run".
+    result.assert_outcomes(passed=4, failed=2)
+    result.stdout.fnmatch_lines(["*aaa_poison: correctness check raised RuntimeError: CUDA error: an illegal memory access*"])
+    result.stdout.fnmatch_lines(["*replacing crashed worker*"])
+    result.stdout.fnmatch_lines(["*perfguard: worker gw* ended after test_k.py::test_attn[[]aaa_poison-*[]] poisoned its CUDA context*"])
+    result.stdout.fnmatch_lines(["*no baseline written: the CUDA context was poisoned during this session (by *aaa_poison*"])
+    assert "not run" not in result.stdout.str()
+    assert "crashed while running" not in result.stdout.str()
+    assert not list((project.path / ".ci" / "baselines").glob("*.json"))
+    doc = json.loads((project.path / "r.json").read_text())
+    by_variant: dict[str, list[str]] = {}
+    for r in doc["results"]:
+        by_variant.setdefault(r["variant"], []).append(r["outcome"])
+    assert by_variant == {"aaa_poison": ["failed", "failed"], "fast": ["passed", "passed"], "other": ["passed", "passed"]}
+
+
+def test_under_xdist_a_hung_case_times_out_and_the_rest_still_run(project: pytest.Pytester) -> None:
+    hang = "lambda q, k, v, causal: __import__('time').sleep(3600)"
+    project.makepyfile(test_k=_case(extra=f', "hang": {hang}'))
+    result = run(project, ["-n", "2"], "--perfguard", "--perfguard-case-timeout", "20",
+                 "--perfguard-json", "r.json", "-k", "not (hang and 16)")
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["*TIMEOUT: test_k.py::test_attn[[]hang-8[]] ran longer than 20s*"])
+    assert "crashed while running" not in result.stdout.str()
+    doc = json.loads((project.path / "r.json").read_text())
+    verdicts = sorted(str(r.get("verdict")) for r in doc["results"])
+    assert verdicts.count("timeout") == 1 and len(verdicts) == 5, verdicts
+
+
+def test_under_xdist_a_crashed_worker_is_recorded_and_the_rest_still_run(project: pytest.Pytester) -> None:
+    crash = "lambda q, k, v, causal: __import__('os')._exit(9)"
+    project.makepyfile(test_k=_case(extra=f', "crash": {crash}'))
+    result = run(project, ["-n", "2"], "--perfguard", "--perfguard-json", "r.json", "-k", "not (crash and 16)")
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["*worker 'gw*' crashed while running 'test_k.py::test_attn[[]crash-8[]]'*"])
+    doc = json.loads((project.path / "r.json").read_text())
+    crashed = [r for r in doc["results"] if r.get("crashed")]
+    assert [r["id"] for r in crashed] == ["test_k.py::test_attn[crash-8]"]
+    assert len(doc["results"]) == 5

@@ -1,6 +1,6 @@
 """Faults that only a GPU can produce: a sticky CUDA error and a real out-of-memory, end to end.
 
-Skipped without CUDA. On a GPU host: `pytest tests/gpu -p no:xdist`.
+Skipped without CUDA. On a GPU host: `pytest tests/gpu -p no:xdist` (the xdist test starts its own workers).
 """
 
 from __future__ import annotations
@@ -58,3 +58,22 @@ def test_oom_and_sticky_error_on_a_real_gpu(pytester: pytest.Pytester) -> None:
     by_variant = {r["variant"]: r for r in doc["results"]}
     assert by_variant["a_good"]["outcome"] == "passed"
     assert by_variant["d_after"]["outcome"] == "not run"
+
+
+def test_under_xdist_the_poisoned_worker_is_replaced_and_the_rest_is_judged(pytester: pytest.Pytester) -> None:
+    """Two workers on the GPU: the worker whose case trips a device-side assert exits after reporting it,
+    and xdist's fresh worker (a new CUDA context) runs the cases that were queued behind it."""
+    pytester.makepyfile(test_suite=SUITE.replace('"b_oom": huge, ', "").replace('[4096]', '[4096, 8192, 16384]'))
+    (pytester.path / ".ci" / "baselines").mkdir(parents=True)
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "-p", "no:cacheprovider", "-rs", "--perfguard", "--perfguard-json", "r.json",
+        "--perfguard-case-budget", "1",
+    )
+    out = result.stdout.str()
+    result.assert_outcomes(passed=6, failed=3)
+    result.stdout.fnmatch_lines(["*c_sticky: correctness check raised*"])
+    result.stdout.fnmatch_lines(["*replacing crashed worker*"])
+    assert "not run" not in out and "crashed while running" not in out and "regressed" not in out
+    doc = json.loads((pytester.path / "r.json").read_text())
+    outcomes = sorted((r["variant"], r["outcome"]) for r in doc["results"])
+    assert outcomes == sorted([(v, "passed") for v in ("a_good", "d_after") for _ in range(3)] + [("c_sticky", "failed")] * 3)

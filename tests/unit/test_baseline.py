@@ -582,7 +582,7 @@ def test_update_adds_and_keeps_other_cases(tmp_path: Path) -> None:
     assert second.path == path
     bf = read_baseline(path)
     assert sorted(bf.cases) == ["a", "b", "c"]
-    assert bf.cases["a"].median_ns == 9200.0
+    assert bf.cases["a"].median_ns == pytest.approx(math.sqrt(9123.4 * 9200.0))  # the runs' geometric mean
     assert bf.cases["b"] == entry("b")
 
 
@@ -595,10 +595,31 @@ def test_noise_folding(tmp_path: Path) -> None:
     expected = math.sqrt((0.004**2 * 1 + math.log(1020.0 / 1000.0) ** 2 / 2) / 2)
     assert stored.runs == 2
     assert stored.noise == pytest.approx(expected, rel=1e-12)
+    assert stored.median_ns == pytest.approx(math.sqrt(1000.0 * 1020.0), rel=1e-12)  # geometric mean
     update_baseline(path, DEVICE, {"a": entry("a", 1020.0)}, noise_floor=0.001)
     third = read_baseline(path).cases["a"]
     assert third.runs == 3
-    assert third.noise == pytest.approx(math.sqrt(expected**2 * 2 / 3), rel=1e-12)
+    step = math.log(1020.0 / math.sqrt(1000.0 * 1020.0))  # from the centre of two runs: variance 1.5 s**2
+    assert third.noise == pytest.approx(math.sqrt((expected**2 * 2 + step**2 / 1.5) / 3), rel=1e-12)
+    assert third.median_ns == pytest.approx((1000.0 * 1020.0 * 1020.0) ** (1 / 3), rel=1e-12)
+
+
+def test_stored_time_and_ratio_are_the_geometric_mean_of_the_runs(tmp_path: Path) -> None:
+    """One slow process must not become the reference: the centre is the runs' geometric mean, and past
+    CENTER_WINDOW runs an exponential one, so it still follows a slow drift."""
+    path = tmp_path / "dev.json"
+    times = [1000.0, 1030.0, 990.0, 1010.0]
+    for i, t in enumerate(times):
+        update_baseline(path, DEVICE, {"a": entry("a", t, noise=0.002, ratio=1.0 + i / 100, ratio_ci=None)}, noise_floor=0.001, change_threshold=0.05)
+    stored = read_baseline(path).cases["a"]
+    geo = math.exp(sum(math.log(t) for t in times) / len(times))
+    assert stored.runs == 4 and stored.median_ns == pytest.approx(geo, rel=1e-12)
+    assert stored.ratio == pytest.approx(math.exp(sum(math.log(1.0 + i / 100) for i in range(4)) / 4), rel=1e-12)
+    lo, hi = stored.ci_ns
+    assert (lo / stored.median_ns, hi / stored.median_ns) == pytest.approx((0.997, 1.003))
+    for _ in range(40):
+        update_baseline(path, DEVICE, {"a": entry("a", 1040.0, noise=0.002)}, noise_floor=0.001, change_threshold=0.05)
+    assert read_baseline(path).cases["a"].median_ns == pytest.approx(1040.0, rel=1e-3)
 
 
 def test_noise_floor_applies(tmp_path: Path) -> None:
