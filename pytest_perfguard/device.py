@@ -86,14 +86,42 @@ def fingerprint(device: str) -> dict[str, Any]:
     return info
 
 
-def _sibling(pid: int) -> bool:
-    """True for processes of this test session (xdist workers share our parent); they hold a context, not load."""
+SESSION_PIDS_ENV = "PERFGUARD_SESSION_PIDS"  # set for a confirmation process: the session it belongs to
+
+
+def session_pids() -> set[int]:
+    """Processes that make up this test session: this one, an xdist worker's controller, and those a
+    confirmation process inherits from the process that started it."""
+    pids = {os.getpid()}
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pids.add(os.getppid())
+    for part in os.environ.get(SESSION_PIDS_ENV, "").split(","):
+        if part.strip().isdigit():
+            pids.add(int(part))
+    return pids
+
+
+def _parent(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return int(fields[1]) in (os.getppid(), os.getpid())
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
-        return False
+        return None
+
+
+def _sibling(pid: int) -> bool:
+    """True for processes of this test session or started by it: xdist workers, confirmation processes
+    (of this worker or of another). They hold a CUDA context, not load: while one of them times, the others
+    wait on the device lock."""
+    ours = session_pids()
+    current: int | None = pid
+    for _ in range(5):  # the process and four ancestors: worker -> confirmation is two levels
+        if current is None or current <= 1:
+            return False
+        if current in ours:
+            return True
+        current = _parent(current)
+    return False
 
 
 def _text(value: Any) -> str:

@@ -32,6 +32,7 @@ _SETTINGS: dict[str, tuple[str, str, Any]] = {
     "case_budget": ("seconds of measurement per case (per re-measurement)", "float", 5.0),
     "total_budget": ("seconds of measurement for the whole run; 0 = unlimited", "float", 0.0),
     "case_timeout": ("seconds one case may run before the session ends with TIMEOUT (hung kernel); 0 = none", "float", 900.0),
+    "confirm": ("re-run a regressed case once in a fresh process and fail only if it regresses there too", "bool", True),
     "json": ("write every result to this JSON file", "path", None),
     "strict": ("fail on a missing baseline, an incomparable one, or an inconclusive verdict", "bool", False),
     "require_gpu": ("fail, not skip, when a variant needs a GPU that is not there", "bool", False),
@@ -52,7 +53,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     for name, (help_text, kind, default) in _SETTINGS.items():
         flag = "--perfguard-" + name.replace("_", "-")
         env = "PERFGUARD_" + name.upper()
-        if kind == "bool":
+        if kind == "bool" and default is True:
+            group.addoption("--perfguard-no-" + name.replace("_", "-"), action="store_false", dest=f"perfguard_{name}",
+                            default=None, help=f"do not {help_text} (env {env}=0, ini perfguard_{name} = false)")
+        elif kind == "bool":
             group.addoption(flag, action="store_true", dest=f"perfguard_{name}", default=None,
                             help=f"{help_text} (env {env}, ini perfguard_{name})")
         else:
@@ -148,6 +152,7 @@ def pytest_configure(config: pytest.Config) -> None:
         require_gpu=_resolve(config, "require_gpu"),
         seed=config.getoption("perfguard_seed"),
         case_timeout=_resolve(config, "case_timeout"),
+        confirm=_resolve(config, "confirm"),
     )
     if settings.prune and not settings.update:
         raise pytest.UsageError("--perfguard-prune only works with --perfguard-update-baseline; add it or drop --perfguard-prune.")

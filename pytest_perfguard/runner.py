@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from . import baseline as bl
+from .confirm import MAX_PER_SESSION, in_child, run_fresh
 from .correctness import CorrectnessReport, Inputs, check
 from .device import Disturbances, fingerprint, incomparable
 from .locks import device_lock
@@ -66,6 +67,7 @@ class Settings:
     device: str = "cpu"
     alpha: float = 0.05
     case_timeout: float = 900.0  # 0: none
+    confirm: bool = True  # re-run a regressed case in a fresh process before failing on it
 
 
 @dataclass
@@ -79,6 +81,7 @@ class SessionState:
     records: list[dict[str, Any]] = field(default_factory=list)
     timing_spent_s: float = 0.0
     poisoned_by: str | None = None
+    confirmations: int = 0
     on_timeout: Callable[[str, pytest.Item], None] | None = None  # set by the plugin: flush results before the exit
 
     @property
@@ -359,6 +362,9 @@ class Runner:
             )
         flops = _flops(case, params)
         status = verdict.status
+        confirmation: dict[str, Any] | None = None
+        if status == REGRESSED and not s.update:
+            status, confirmation = self._confirm(verdict)
         record.update(
             env=env,
             median_ns=m.time.estimate,
@@ -386,19 +392,59 @@ class Runner:
             outcome="passed",
             updated=date.today().isoformat(),
         )
+        if confirmation is not None:
+            record["confirmation"] = confirmation
         failing = [g for g in verdict.gates if g.status == REGRESSED]
         if s.update:
             failing = [g for g in failing if g.name == "max_ratio"]
         if failing and status == REGRESSED:
             record["outcome"] = "failed"
             state.records.append(record)
-            pytest.fail(f"{variant_name}: performance regression: " + "; ".join(g.reason for g in failing), pytrace=False)
+            confirmed = [n for n in verdict.notes if n.startswith(("confirmed", "confirmation failed", "not confirmed in"))]
+            pytest.fail(
+                f"{variant_name}: performance regression: " + "; ".join([*(g.reason for g in failing), *confirmed]), pytrace=False
+            )
         if s.strict and not s.update and status in (INCONCLUSIVE, NO_BASELINE, NOT_COMPARABLE):
             record["outcome"] = "failed"
             state.records.append(record)
             hint = "" if status == INCONCLUSIVE else " Record one with --perfguard-update-baseline."
             pytest.fail(f"--perfguard-strict ({status}): " + "; ".join(record["reasons"]) + hint, pytrace=False)
         state.records.append(record)
+
+    def _confirm(self, verdict: Verdict) -> tuple[str, dict[str, Any] | None]:
+        """Re-run a regressed case in a fresh process (see confirm.py): the verdict stays "regressed" only
+        if it regresses there too; a regression seen in one process alone becomes inconclusive. When no
+        confirmation can be had, the regression stands."""
+        state, s = self.state, self.state.settings
+        if not s.confirm or in_child():
+            return REGRESSED, None
+        if state.confirmations >= MAX_PER_SESSION:
+            verdict.notes.append(f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
+            return REGRESSED, None
+        state.confirmations += 1
+        timeout = 2 * s.case_timeout + 120 if s.case_timeout else None
+        t0 = time.monotonic()
+        with self._clock.paused():  # the fresh process has its own deadline
+            child = run_fresh(self.item, s, timeout)
+        spent = round(time.monotonic() - t0, 1)
+        if isinstance(child, str):
+            verdict.notes.append(f"confirmation failed, the regression stands: {child}")
+            return REGRESSED, {"error": child, "elapsed_s": spent}
+        info = {k: child.get(k) for k in ("verdict", "median_ns", "ci_ns", "ratio", "gates", "reasons")}
+        info["elapsed_s"] = spent
+        first = next((g.reason for g in verdict.gates if g.status == REGRESSED and g.reason), "regressed")
+        again = next((g.get("reason") for g in child.get("gates") or [] if g.get("status") == REGRESSED), None)
+        if child.get("verdict") == REGRESSED:
+            verdict.notes.append(f"confirmed in a fresh process: {again or 'regressed'}")
+            return REGRESSED, info
+        shown = next((g.get("reason") for g in child.get("gates") or [] if g.get("gate") == "baseline"), None)
+        verdict.notes.insert(
+            0,
+            f"not confirmed: {first} in this process, but {child.get('verdict')} in a fresh one"
+            + (f" ({shown})" if shown else "")
+            + ": a process-dependent time, not judged",
+        )
+        return INCONCLUSIVE, info
 
     def _env(self, case: PerfCase, inputs: Inputs) -> dict[str, str]:
         info = self.state.device_info

@@ -80,6 +80,9 @@ def finish(state: SessionState, records: list[dict[str, Any]], *, collected_ids:
                 f"perfguard: {len(stale)} stored case(s) in {baseline_file(state)} were not collected in this run "
                 f"(stale if the whole suite ran); remove them with --perfguard-update-baseline --perfguard-prune"
             )
+    for r in timed:
+        if r.get("verdict") == "inconclusive":
+            out.messages.append(f"perfguard: inconclusive: {r['id']}: " + "; ".join(str(x) for x in r.get("reasons") or []))
     summary = {
         "cases": len(records),
         "timed": len(timed),

@@ -6,9 +6,11 @@ import math
 import random
 from dataclasses import dataclass
 
+import pytest
+
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry
-from pytest_perfguard.device import Disturbances, incomparable
+from pytest_perfguard.device import SESSION_PIDS_ENV, Disturbances, incomparable
 
 
 @dataclass
@@ -48,6 +50,29 @@ def test_another_compute_process_is_reported() -> None:
     d = Disturbances(index=0, handle=object(), nv=FakeNvml(pids=(999_999_999,)))
     message = d.check()
     assert message is not None and "other compute processes on GPU 0" in message
+
+
+def test_the_session_that_started_a_confirmation_is_not_foreign_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A confirmation process shares the GPU with the pytest process that started it, that process's
+    xdist siblings and their confirmation processes: they are waiting, not load. Others still count."""
+    import subprocess
+    import sys
+
+    # A child that starts a grandchild, as a worker starts a confirmation process.
+    spawn = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); print(p.pid, flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", spawn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        monkeypatch.setenv(SESSION_PIDS_ENV, "424242")
+        ours = Disturbances(index=0, handle=object(), nv=FakeNvml(pids=(424242, child.pid, grandchild)))
+        assert ours.check() is None
+        foreign = Disturbances(index=0, handle=object(), nv=FakeNvml(pids=(424242, 999_999_999)))
+        message = foreign.check()
+        assert message is not None and "999999999" in message and "424242" not in message
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _entry(median: float = 1000.0, ratio: float = 1.0, backend: str = "flash") -> BaselineEntry:

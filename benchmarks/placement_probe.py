@@ -1,0 +1,94 @@
+"""Does a small kernel's time depend on the process it runs in? One case, many placements, many processes.
+
+Times `triton_flash` at B8 H8 S128 D64 fp16 causal (about 4-7 us on an H200) with CUDA-graph replay of 20
+calls, the L2 flushed before each replay, median of 40 replays. In each fresh process, ten trials each
+allocate new inputs (after a pad of random size, keeping earlier ones alive, so every trial has its own
+placement) and capture a new graph. Prints one row per process: its trials in ns.
+
+This is the measurement behind the guard's fresh-process confirmation (pytest_perfguard/confirm.py):
+if a process-bound state moves a kernel's time, only a new process can tell it from a code change.
+
+Usage: python benchmarks/placement_probe.py [--processes 12]   (needs a CUDA GPU and triton)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_process(seed: int) -> list[int]:
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from kernels.triton_flash import triton_flash
+
+    torch.manual_seed(seed)
+    keep: list[object] = []
+
+    def timed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reps: int = 20, n: int = 40) -> float:
+        def f() -> object:
+            return triton_flash(q, k, v, True)
+
+        f()
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                f()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                f()
+        flush = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        out = []
+        for _ in range(n):
+            flush.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b) * 1e6 / reps)
+        return statistics.median(out)
+
+    times = []
+    for _ in range(10):
+        keep.append(torch.empty(int(torch.randint(1, 4096, ()).item()) * 4096, dtype=torch.uint8, device="cuda"))
+        q, k, v = (torch.randn(8, 8, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+        keep.append((q, k, v))
+        times.append(round(timed(q, k, v)))
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--processes", type=int, default=12)
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        print(json.dumps(one_process(args.child)))
+        return 0
+    from tabulate import tabulate
+
+    rows = []
+    for i in range(args.processes):
+        out = subprocess.run([sys.executable, __file__, "--child", str(i + 1)], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        t = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append([i + 1, *t, f"{t[0] / statistics.median(t[1:]) - 1:+.1%}"])
+    print(tabulate(rows, headers=["process", *(f"trial {j} ns" for j in range(1, 11)), "trial 1 vs rest"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
