@@ -472,6 +472,7 @@ class Config:
     drift: Drift = field(default_factory=Drift)
     baseline_runs: int = 4  # update runs behind a baseline (the plugin folds their between-run noise)
     ratio_noise: bool = False  # proposal: the ratio gate uses the ratio's own folded between-run noise
+    confirm: bool = True  # as the plugin: a regressed case is judged again in a fresh process (run)
     # As the runner builds it on CUDA: min_time_s = min(0.3, budget / 2).
     measure: MeasureConfig = field(
         default_factory=lambda: MeasureConfig(target=0.01, budget_s=5.0, min_time_s=0.3)
@@ -511,7 +512,18 @@ def run_class(
                 for scenario, size in scenarios:
                     run = simulate_run(pools, size, cfg.measure, rng, sd, rsd)
                     for rule, pol in policies.items():
-                        cells[scenario][rule].add(judge_perfguard(run, stored, pol, r_noise))
+                        j = judge_perfguard(run, stored, pol, r_noise)
+                        if j.status == REGRESSED and cfg.confirm:
+                            # The plugin's confirmation: the case again in a fresh process (a fresh drift
+                            # draw); it stays regressed only if it regresses there too.
+                            again = judge_perfguard(simulate_run(pools, size, cfg.measure, rng, sd, rsd), stored, pol, r_noise)
+                            j = Judged(
+                                REGRESSED if again.status == REGRESSED else INCONCLUSIVE,
+                                j.samples + again.samples,
+                                j.device_s + again.device_s,
+                                j.why,
+                            )
+                        cells[scenario][rule].add(j)
                     for rule, j in judge_rules(rule_stats(run.calls_v), old).items():
                         cells[scenario][rule].add(j)
             done += k
@@ -618,7 +630,8 @@ def print_report(result: dict[str, Any], cfg: Config) -> None:
         f"between-run drift: {cfg.drift.describe()}\n"
         f"baseline: {cfg.baseline_runs} update run(s), "
         "geometric mean of the update runs (plugin)"
-        f"{'; ratio gate on its own folded noise (proposal)' if cfg.ratio_noise else ''}; seed {cfg.seed}"
+        f"{'; ratio gate on its own folded noise (proposal)' if cfg.ratio_noise else ''}"
+        f"{'; fresh-process confirmation' if cfg.confirm else '; no confirmation'}; seed {cfg.seed}"
     )
     for name, res in result["classes"].items():
         k = res["kernels"]
@@ -657,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--ratio-noise", action="store_true", help="proposal: ratio gate uses the ratio's own folded noise"
     )
+    ap.add_argument("--no-confirm", action="store_true", help="leave out the fresh-process confirmation")
     ap.add_argument("--min-time", type=float, default=0.3, help="MeasureConfig.min_time_s (runner on CUDA: 0.3)")
     ap.add_argument("--margin", type=float, default=Settings().margin, help="default: the plugin's")
     ap.add_argument("--target", type=float, default=0.01)
@@ -680,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         trials=args.trials,
         baseline_runs=args.baseline_runs,
         ratio_noise=args.ratio_noise,
+        confirm=not args.no_confirm,
         drift=Drift(args.drift),
         keep_first_launch=args.keep_first_launch,
         classes=classes,
@@ -712,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
                 "trials": cfg.trials, "seed": cfg.seed, "drift": cfg.drift.kind, "drift_model": cfg.drift.describe(),
                 "baseline_runs": cfg.baseline_runs,
                 "ratio_noise": cfg.ratio_noise,
+                "confirm": cfg.confirm,
                 "keep_first_launch": cfg.keep_first_launch, "min_time_s": m.min_time_s,
                 "target": m.target, "budget_s": m.budget_s, "min_blocks": m.min_blocks,
                 "samples_per_block": m.samples_per_block, "margin": p.margin, "alpha": p.alpha,
