@@ -618,7 +618,7 @@ class UpdateSummary:
     migrated_from: int | None = None
 
 
-CENTER_WINDOW = 8  # runs averaged into a stored time; past that, each new run weighs 1/CENTER_WINDOW
+CENTER_WINDOW = 8  # the first runs are averaged equally; past this many, each new run weighs 1/CENTER_WINDOW
 
 
 def _center_weight(runs: int) -> float:
@@ -649,7 +649,8 @@ def _scaled(ci: tuple[float, float] | None, factor: float) -> tuple[float, float
 
 def fold_run(old: BaselineEntry, new: BaselineEntry, noise_floor: float) -> BaselineEntry:
     """One more run of an unchanged case: the stored time and SDPA ratio become the geometric mean of the
-    runs (the last CENTER_WINDOW, exponentially past that), not the last run's, so one slow or fast
+    runs since the case last changed (equal weights up to CENTER_WINDOW runs, then an exponential mean in
+    which each new run weighs 1/CENTER_WINDOW), not the last run's, so one slow or fast
     process does not become the reference every later run is judged against. The stored intervals keep
     the last run's relative width around the new centre."""
     w = _center_weight(old.runs)
@@ -661,7 +662,7 @@ def fold_run(old: BaselineEntry, new: BaselineEntry, noise_floor: float) -> Base
     return replace(
         new,
         median_ns=center,
-        ci_ns=_scaled(new.ci_ns, center / new.median_ns) or new.ci_ns,
+        ci_ns=(new.ci_ns[0] * center / new.median_ns, new.ci_ns[1] * center / new.median_ns),
         ratio=ratio,
         ratio_ci=ratio_ci,
         noise=fold_noise(old, new.median_ns, noise_floor),

@@ -1,9 +1,9 @@
 """Confirm a regression in a fresh process before failing the build on it.
 
-A measured slowdown can belong to the process rather than to the code: where the caching allocator
-placed a small kernel's inputs, or some other state a process keeps for its whole life, moves a
-few-microsecond kernel by several per cent, reproducibly within that process (measured on an H200: see
-benchmarks/results/). The in-process re-measurement cannot see past such a state; a new process can. So
+A measured slowdown can belong to the process rather than to the code: what the process did before (on
+an H200, a 4 us Triton kernel ran 8% faster on each fresh process's first inputs and graph than on any
+later ones; benchmarks/placement_probe.py) moves a few-microsecond kernel by several per cent,
+reproducibly within that process. The in-process re-measurement cannot see past such a state; a new process can. So
 a case that is still "regressed" after re-measurement is run once more, alone, in a fresh Python process
 with the same settings and baseline, and fails the build only if it regresses there too.
 """

@@ -363,8 +363,9 @@ class Runner:
         flops = _flops(case, params)
         status = verdict.status
         confirmation: dict[str, Any] | None = None
+        confirm_note = ""
         if status == REGRESSED and not s.update:
-            status, confirmation = self._confirm(verdict)
+            status, confirmation, confirm_note = self._confirm(verdict)
         record.update(
             env=env,
             median_ns=m.time.estimate,
@@ -400,10 +401,8 @@ class Runner:
         if failing and status == REGRESSED:
             record["outcome"] = "failed"
             state.records.append(record)
-            confirmed = [n for n in verdict.notes if n.startswith(("confirmed", "confirmation failed", "not confirmed in"))]
-            pytest.fail(
-                f"{variant_name}: performance regression: " + "; ".join([*(g.reason for g in failing), *confirmed]), pytrace=False
-            )
+            reasons = [g.reason for g in failing] + ([confirm_note] if confirm_note else [])
+            pytest.fail(f"{variant_name}: performance regression: " + "; ".join(reasons), pytrace=False)
         if s.strict and not s.update and status in (INCONCLUSIVE, NO_BASELINE, NOT_COMPARABLE):
             record["outcome"] = "failed"
             state.records.append(record)
@@ -411,16 +410,21 @@ class Runner:
             pytest.fail(f"--perfguard-strict ({status}): " + "; ".join(record["reasons"]) + hint, pytrace=False)
         state.records.append(record)
 
-    def _confirm(self, verdict: Verdict) -> tuple[str, dict[str, Any] | None]:
+    def _confirm(self, verdict: Verdict) -> tuple[str, dict[str, Any] | None, str]:
         """Re-run a regressed case in a fresh process (see confirm.py): the verdict stays "regressed" only
         if it regresses there too; a regression seen in one process alone becomes inconclusive. When no
-        confirmation can be had, the regression stands."""
+        confirmation can be had, the regression stands. Returns the status, what the fresh process
+        measured, and the note (also added to the verdict's notes)."""
         state, s = self.state, self.state.settings
         if not s.confirm or in_child():
-            return REGRESSED, None
+            return REGRESSED, None, ""
+
+        def note(text: str, first: bool = False) -> str:
+            verdict.notes.insert(0 if first else len(verdict.notes), text)
+            return text
+
         if state.confirmations >= MAX_PER_SESSION:
-            verdict.notes.append(f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
-            return REGRESSED, None
+            return REGRESSED, None, note(f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
         state.confirmations += 1
         timeout = 2 * s.case_timeout + 120 if s.case_timeout else None
         t0 = time.monotonic()
@@ -428,23 +432,20 @@ class Runner:
             child = run_fresh(self.item, s, timeout)
         spent = round(time.monotonic() - t0, 1)
         if isinstance(child, str):
-            verdict.notes.append(f"confirmation failed, the regression stands: {child}")
-            return REGRESSED, {"error": child, "elapsed_s": spent}
+            return REGRESSED, {"error": child, "elapsed_s": spent}, note(f"confirmation failed, the regression stands: {child}")
         info = {k: child.get(k) for k in ("verdict", "median_ns", "ci_ns", "ratio", "gates", "reasons")}
         info["elapsed_s"] = spent
         first = next((g.reason for g in verdict.gates if g.status == REGRESSED and g.reason), "regressed")
         again = next((g.get("reason") for g in child.get("gates") or [] if g.get("status") == REGRESSED), None)
         if child.get("verdict") == REGRESSED:
-            verdict.notes.append(f"confirmed in a fresh process: {again or 'regressed'}")
-            return REGRESSED, info
+            return REGRESSED, info, note(f"confirmed in a fresh process: {again or 'regressed'}")
         shown = next((g.get("reason") for g in child.get("gates") or [] if g.get("gate") == "baseline"), None)
-        verdict.notes.insert(
-            0,
+        text = (
             f"not confirmed: {first} in this process, but {child.get('verdict')} in a fresh one"
             + (f" ({shown})" if shown else "")
-            + ": a process-dependent time, not judged",
+            + ": a process-dependent time, not judged"
         )
-        return INCONCLUSIVE, info
+        return INCONCLUSIVE, info, note(text, first=True)
 
     def _env(self, case: PerfCase, inputs: Inputs) -> dict[str, str]:
         info = self.state.device_info

@@ -63,13 +63,13 @@ def finish(state: SessionState, records: list[dict[str, Any]], *, collected_ids:
             + (f" ({len(skipped)} skipped: {why})" if skipped else " (no @perf_case test was collected)")
             + ". A perf run that measures nothing must not pass."
         )
-    poisoned = [r for r in records if r.get("sticky") or "CUDA context poisoned" in " ".join(r.get("reasons") or [])]
+    # A sticky CUDA error marks its case's record (runner._crashed), in any process of the session.
+    poisoned_by = sorted({str(r["id"]) for r in records if r.get("sticky")})
     if s.update and timed:
-        if state.poisoned_by or poisoned:
-            culprits = sorted({str(r["id"]) for r in records if r.get("sticky")} | ({state.poisoned_by} if state.poisoned_by else set()))
+        if poisoned_by:
             out.errors.append(
-                "perfguard: no baseline written: the CUDA context was poisoned during this session"
-                + (f" (by {', '.join(culprits)})" if culprits else "")
+                "perfguard: no baseline written: the CUDA context was poisoned during this session "
+                f"(by {', '.join(poisoned_by)})"
             )
         else:
             _update(state, records, timed, collected_ids, out)
