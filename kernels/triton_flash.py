@@ -163,56 +163,16 @@ if triton is not None:
         return acc, l_i, m_i
 
     @triton.jit
-    def _exp2_fma(x):
-        """2^x on the FMA pipes instead of the SFU: 2^floor(x) from the exponent bits times a degree-3
-        polynomial for 2^frac (max relative error 8.8e-5, under half an fp16 ulp). For x <= 0 only."""
-        x = tl.maximum(x, -126.0)
-        xi = tl.floor(x)
-        f = x - xi
-        p = 1.0 + f * (0.6951461434364319 + f * (0.22756439447402954 + f * 0.07711908966302872))
-        bits = p.to(tl.int32, bitcast=True) + (xi.to(tl.int32) << 23)
-        return bits.to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _fold_tile_split(acc, l_i, m_i, q, k_base, v_base, start_n, stride_kn, stride_kd, stride_vn, stride_vd,
-                         offs_d, qk_scale, BLOCK_N: tl.constexpr):
-        """An unmasked key tile as two halves: the first half's exponentials on the SFU, the second's on the
-        FMA pipes (_exp2_fma), so that neither unit alone bounds the softmax at D=64."""
-        HALF: tl.constexpr = BLOCK_N // 2
-        c1 = start_n + tl.arange(0, HALF)
-        c2 = c1 + HALF
-        k1 = tl.load(k_base + c1[None, :] * stride_kn + offs_d[:, None] * stride_kd)
-        k2 = tl.load(k_base + c2[None, :] * stride_kn + offs_d[:, None] * stride_kd)
-        qk1 = tl.dot(q, k1)
-        qk2 = tl.dot(q, k2)
-        m_ij = tl.maximum(m_i, tl.maximum(tl.max(qk1, 1), tl.max(qk2, 1)) * qk_scale)
-        alpha = tl.math.exp2(m_i - m_ij)
-        p1 = tl.math.exp2(qk1 * qk_scale - m_ij[:, None])
-        p2 = _exp2_fma(qk2 * qk_scale - m_ij[:, None])
-        l_i = l_i * alpha + tl.sum(p1, 1) + tl.sum(p2, 1)
-        v1 = tl.load(v_base + c1[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-        v2 = tl.load(v_base + c2[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p1.to(v1.dtype), v1, acc)
-        acc = tl.dot(p2.to(v2.dtype), v2, acc)
-        return acc, l_i, m_ij
-
-    @triton.jit
     def _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
                     stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, lo, hi, N_CTX, qk_scale,
                     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                    FP32_DOT: tl.constexpr, USE_TMA: tl.constexpr, LAZY: tl.constexpr,
-                    SPLIT_EXP: tl.constexpr = False):
+                    FP32_DOT: tl.constexpr, USE_TMA: tl.constexpr, LAZY: tl.constexpr):
         """Fold key tiles [lo, hi) into the running (acc, l_i, m_i)."""
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
-            if SPLIT_EXP and not MASKED:
-                acc, l_i, m_i = _fold_tile_split(acc, l_i, m_i, q, k_base, v_base, start_n, stride_kn, stride_kd,
-                                                 stride_vn, stride_vd, offs_d, qk_scale, BLOCK_N)
-            else:
-                acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0, start_n,
-                                           stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, N_CTX,
-                                           qk_scale, BLOCK_N, MASKED, CAUSAL, FP32_DOT, USE_TMA, LAZY)
+            acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0, start_n,
+                                       stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, N_CTX,
+                                       qk_scale, BLOCK_N, MASKED, CAUSAL, FP32_DOT, USE_TMA, LAZY)
         return acc, l_i, m_i
 
     # N_CTX, Z and H are not specialised on (divisibility by 16, == 1): that would multiply the compiled
@@ -226,7 +186,7 @@ if triton is not None:
                   Z, H, N_CTX,
                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, FP32_DOT: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  USE_TMA: tl.constexpr, LAZY: tl.constexpr, SPLIT_EXP: tl.constexpr):
+                  USE_TMA: tl.constexpr, LAZY: tl.constexpr):
         """One program: BLOCK_M query rows of one (batch, head).
 
         USE_TMA: q/k/v come through 2-D tensor descriptors over the contiguous (B*H*S, D) view (Hopper's
@@ -263,7 +223,7 @@ if triton is not None:
             acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
                                         stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
                                         0, lo_diag, N_CTX, qk_scale,
-                                        BLOCK_N, False, CAUSAL, FP32_DOT, USE_TMA, LAZY, SPLIT_EXP)
+                                        BLOCK_N, False, CAUSAL, FP32_DOT, USE_TMA, LAZY)
             # Stage 2: the diagonal block, masked; tiles past N_CTX are skipped altogether.
             hi_diag = tl.minimum(lo_diag + BLOCK_M, N_CTX)
             acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
@@ -276,7 +236,7 @@ if triton is not None:
             acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
                                         stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
                                         0, full, N_CTX, qk_scale,
-                                        BLOCK_N, False, CAUSAL, FP32_DOT, USE_TMA, LAZY, SPLIT_EXP)
+                                        BLOCK_N, False, CAUSAL, FP32_DOT, USE_TMA, LAZY)
             acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
                                         stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
                                         full, N_CTX, N_CTX, qk_scale,
@@ -363,8 +323,7 @@ def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int
 
 
 def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 config: TritonConfig | None = None, tma: bool = False, lazy: bool = False,
-                 split_exp: bool = False) -> torch.Tensor:
+                 config: TritonConfig | None = None, tma: bool = False, lazy: bool = False) -> torch.Tensor:
     """Fused attention forward.
 
     Without ``config``: the TMA_FIXED tile for its head dims on Hopper+, else DEFAULT_CONFIGS (autotuned
@@ -372,8 +331,6 @@ def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     timing or capturing a CUDA graph); fixed small tiles under the interpreter; one fixed config for float32.
     ``config`` = (BLOCK_M, BLOCK_N, num_warps, num_stages) skips autotuning; ``tma`` then loads through tensor
     descriptors (Hopper or newer, contiguous 16-byte-aligned inputs) and ``lazy`` turns on lazy rescaling.
-    ``split_exp`` (pointer loads, fp16/bf16 products, no lazy rescaling) computes half of each unmasked tile's
-    exponentials on the FMA pipes instead of the SFU.
     """
     reason = unavailable_reason()
     if reason is not None:
@@ -402,21 +359,17 @@ def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         if tma and not _tma_possible(q, k, v):
             raise ValueError("tma=True needs triton's TensorDescriptor and contiguous 16-byte-aligned fp16/bf16 "
                              "inputs (and Hopper or newer on a GPU)")
-        if split_exp and (tma or lazy or fp32_dot or block_n % 32):
-            raise ValueError("split_exp needs pointer loads, fp16/bf16 products, no lazy rescaling and "
-                             "BLOCK_N a multiple of 32")
         descs = _descriptors(q, k, v, block_m, block_n) if tma else [None, None, None]
         fixed_grid = (triton.cdiv(seq, block_m), batch * heads)
         _attn_fwd[fixed_grid](q, k, v, out, *descs, qk_scale, *strides, batch, heads, seq,
                         HEAD_DIM=dim, CAUSAL=causal, FP32_DOT=fp32_dot, BLOCK_M=block_m, BLOCK_N=block_n,
-                        USE_TMA=tma, LAZY=lazy, SPLIT_EXP=split_exp, num_warps=warps, num_stages=stages)
+                        USE_TMA=tma, LAZY=lazy, num_warps=warps, num_stages=stages)
     else:
         def grid(meta: dict[str, Any]) -> tuple[int, int]:
             return (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)
 
         _attn_fwd_tuned[grid](q, k, v, out, None, None, None, qk_scale, *strides, batch, heads, seq,
-                              HEAD_DIM=dim, CAUSAL=causal, FP32_DOT=fp32_dot, USE_TMA=False, LAZY=False,
-                              SPLIT_EXP=False)
+                              HEAD_DIM=dim, CAUSAL=causal, FP32_DOT=fp32_dot, USE_TMA=False, LAZY=False)
     return out
 
 
