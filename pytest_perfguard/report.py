@@ -58,12 +58,18 @@ def _delta(record: Mapping[str, Any]) -> str:
     return f"{est:+.1f}% [{(ci[0] - 1) * 100:+.1f}, {(ci[1] - 1) * 100:+.1f}]"
 
 
+def _mde(record: Mapping[str, Any]) -> str:
+    """The smallest slowdown the baseline gate catches 95% of the time (see verdict.py)."""
+    mde = record.get("mde")
+    return "-" if mde is None else f"{mde * 100:+.1f}%"
+
+
 def rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     out = []
     for r in sorted(records, key=lambda r: str(r.get("id"))):
         if r.get("median_ns") is None:
             why = "; ".join(r.get("reasons") or []) or r.get("verdict", r.get("outcome", ""))
-            out.append([r.get("test", ""), r.get("variant", ""), _shape(r), "-", "-", "-", "-", _short(str(why))])
+            out.append([r.get("test", ""), r.get("variant", ""), _shape(r), "-", "-", "-", "-", "-", _short(str(why))])
             continue
         ratio = r.get("ratio")
         rci = r.get("ratio_ci")
@@ -76,6 +82,7 @@ def rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
                 _tflops(r),
                 f"{ratio:.3f} [{rci[0]:.3f}, {rci[1]:.3f}]" if ratio is not None and rci else "-",
                 _delta(r),
+                _mde(r),
                 str(r.get("verdict", "")),
             ]
         )
@@ -92,7 +99,7 @@ def _tflops(r: Mapping[str, Any]) -> str:
     return f"{t:.3g} [{flops / ci[1] / 1e3:.3g}, {flops / ci[0] / 1e3:.3g}]"
 
 
-HEADERS = ["case", "variant", "shape", "time ± CI", "TFLOP/s [95% CI]", "ratio vs against [95% CI]", "Δ vs baseline [95% CI]", "verdict"]
+HEADERS = ["case", "variant", "shape", "time ± CI", "TFLOP/s [95% CI]", "ratio vs against [95% CI]", "Δ vs baseline [95% CI]", "MDE (95%)", "verdict"]
 
 
 def _shape(r: Mapping[str, Any]) -> str:

@@ -99,6 +99,7 @@ class SessionState:
             family_size=self.family_size,
             noise_floor=self.noise_floor,
             ratio_noise_floor=RATIO_NOISE_FLOOR[self.kind],
+            confirm=self.settings.confirm and not in_child(),  # as Runner._confirm decides
         )
 
 
@@ -384,6 +385,7 @@ class Runner:
             flops=flops,
             tflops=(flops / (m.time.estimate * 1e-9) / 1e12) if flops else None,
             gates=[g.to_json() for g in verdict.gates],
+            mde=next((g.mde for g in verdict.gates if g.name == "baseline"), None),
             notes=verdict.notes,
             disturbances=verdict.disturbances,
             verdict=status,

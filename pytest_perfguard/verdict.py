@@ -14,6 +14,15 @@ Failing decisions use an interval widened for the number of timed cases (Bonferr
 alpha / m). That controls the family-wise rate of the within-run sampling error only; the between-run
 drift, which dominates on a GPU once a case has measured for 0.3 s, is handled by the margin, not by the
 correction. The reported intervals stay at 95%.
+
+Each baseline and ratio gate also reports its minimum detectable effect (MDE): the smallest true slowdown
+it catches with 95% probability. With h the decision half-width below the estimate, the sampling sd is
+s = h / z (z the decision interval's normal quantile) and the between-run sd of a new run against a centre
+of k update runs is b = noise * sqrt(1 + 1/k), k capped at the centre's window of 8. A true log slowdown x
+is flagged when its estimate exceeds tau + h, so P(flag) = Phi((x - tau - h) / sqrt(s^2 + b^2)); with the
+fresh-process confirmation a case must be flagged twice, P(flag)^2, so the power is solved at sqrt(0.95).
+MDE = expm1(tau + h + Phi^-1(power) * sqrt(s^2 + b^2)). It is a model (Gaussian drift, independent
+processes), not a measurement: it tells a case that cannot see a 5% slowdown from one that can.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from typing import Any
 
 from scipy import stats as _sp
 
-from .baseline import BaselineEntry
+from .baseline import CENTER_WINDOW, BaselineEntry
 from .stats import Interval, combine_difference, log_interval
 
 PASS = "pass"
@@ -38,8 +47,8 @@ NO_BASELINE = "no baseline"
 NOISE_K = 4.0
 # Set from the measured A/A rates on an H200 (benchmarks/results/h200_2026-11-21): 0.31% false alarms at 5%.
 DEFAULT_MARGIN = 0.05
-
-
+# The probability of catching a slowdown at which the minimum detectable effect is reported.
+MDE_POWER = 0.95
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class Policy:
     family_size: int = 1
     noise_floor: float = 0.0
     ratio_noise_floor: float = 0.0
+    confirm: bool = False  # a regression must repeat in a fresh process: the MDE needs two detections
 
     @property
     def decision_confidence(self) -> float:
@@ -72,6 +82,7 @@ class Gate:
     hi: float | None = None
     threshold: float | None = None
     reason: str = ""
+    mde: float | None = None  # minimum detectable effect at MDE_POWER, a fraction (0.071 is +7.1%)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +92,7 @@ class Gate:
             "ci": [self.lo, self.hi] if self.lo is not None else None,
             "threshold": self.threshold,
             "reason": self.reason,
+            "mde": self.mde,
         }
 
 
@@ -116,6 +128,25 @@ def _stored_log_half_width(median: float, ci: tuple[float, float] | None) -> flo
         return 0.0
     lo, hi = ci
     return max(math.log(median / lo) if lo > 0 else 0.0, math.log(hi / median) if hi > 0 else 0.0)
+
+
+def minimum_detectable_effect(
+    dec: Interval | None, tau: float, noise: float, runs: int, *, confirm: bool = False, power: float = MDE_POWER
+) -> float | None:
+    """The smallest true slowdown (a fraction) that a gate fails on with probability `power`; see the
+    module docstring. dec: the decision interval (log scale); noise: the between-run sd of ln(time) that the
+    gate's margin is set from; runs: the update runs in the stored centre. None without a decision interval
+    (no baseline) or with an unbounded one (too few blocks for the confidence): nothing to size.
+    """
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power must be between 0 and 1, got {power}")
+    if dec is None or not math.isfinite(dec.lo):
+        return None
+    h = dec.estimate - dec.lo
+    s = h / float(_sp.norm.ppf(0.5 + dec.confidence / 2))
+    b = noise * math.sqrt(1.0 + 1.0 / min(max(runs, 1), CENTER_WINDOW))
+    p = math.sqrt(power) if confirm else power
+    return math.expm1(tau + h + float(_sp.norm.ppf(p)) * math.hypot(s, b))
 
 
 def _judge(name: str, diff: Interval, report: Interval, tau: float, what: str) -> Gate:
@@ -202,14 +233,22 @@ def decide(
         hw = _stored_log_half_width(stored.median_ns, stored.ci_ns)
         shown = combine_difference(log_t, base, hw)
         dec = combine_difference(log_t_dec, base, _rescale(hw, conf))
-        verdict.gates.append(_judge("baseline", dec, shown, tau, "time vs baseline"))
+        gate = _judge("baseline", dec, shown, tau, "time vs baseline")
+        gate.mde = minimum_detectable_effect(
+            dec, tau, max(stored.noise, policy.noise_floor), stored.runs, confirm=policy.confirm
+        )
+        verdict.gates.append(gate)
         if log_r is not None and log_r_dec is not None and stored.ratio is not None:
             bh = _stored_log_half_width(stored.ratio, stored.ratio_ci)
             base_r = math.log(stored.ratio)
             shown_r = combine_difference(log_r, base_r, bh)
             dec_r = combine_difference(log_r_dec, base_r, _rescale(bh, conf))
             tau_r = math.log1p(policy.ratio_delta(stored.noise))
-            verdict.gates.append(_judge("ratio", dec_r, shown_r, tau_r, "ratio vs baseline ratio"))
+            gate_r = _judge("ratio", dec_r, shown_r, tau_r, "ratio vs baseline ratio")
+            gate_r.mde = minimum_detectable_effect(
+                dec_r, tau_r, max(stored.noise, policy.ratio_noise_floor), stored.runs, confirm=policy.confirm
+            )
+            verdict.gates.append(gate_r)
     if max_ratio is not None and log_r is not None and log_r_dec is not None:
         verdict.gates.append(_max_ratio_gate(log_r, log_r_dec, max_ratio))
     return verdict

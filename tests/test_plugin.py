@@ -231,9 +231,16 @@ def test_update_then_aa_rerun_passes_and_planted_slowdown_fails(project: pytest.
     assert stored["schema_version"] == 1 and len(stored["cases"]) == 4
     assert not list((project.path / ".ci" / "baselines").glob("*.tmp*"))
 
-    result = run(project, mode, "--perfguard")  # A/A: same kernels, fresh process
+    result = run(project, mode, "--perfguard", "--perfguard-json", "aa.json")  # A/A: same kernels, fresh process
     result.assert_outcomes(passed=4)
     assert "regressed" not in result.stdout.str()
+    # Each case reports the smallest slowdown it would catch, never below its gate's margin.
+    doc = json.loads((project.path / "aa.json").read_text())
+    for r in doc["results"]:
+        gate = next(g for g in r["gates"] if g["gate"] == "baseline")
+        assert isinstance(r["mde"], float) and r["mde"] == gate["mde"] > gate["threshold"] - 1 >= 0.05, (r["id"], gate)
+    fast = next(r for r in doc["results"] if r["id"].endswith("[fast-8]"))
+    result.stdout.fnmatch_lines(["*Δ vs baseline*MDE (95%)*verdict*", f"*test_attn*fast*S=8*{fast['mde'] * 100:+.1f}% *pass*"])
 
     result = run(project, mode, "--perfguard", env={"PLANT_SLOWDOWN": "1.5"})
     result.assert_outcomes(passed=2, failed=2)

@@ -11,6 +11,7 @@ import pytest
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry
 from pytest_perfguard.device import SESSION_PIDS_ENV, Disturbances, incomparable
+from pytest_perfguard.stats import Interval
 
 
 @dataclass
@@ -113,3 +114,59 @@ def test_margin_never_below_k_times_the_stored_noise() -> None:
     policy = vd.Policy(margin=0.02)
     assert policy.delta(0.001) == 0.02
     assert math.isclose(policy.delta(0.01), vd.NOISE_K * 0.01)
+
+
+def _dec(half_width: float, confidence: float = 0.95) -> Interval:
+    return Interval(0.0, -half_width, half_width, confidence, 20)
+
+
+TAU = math.log1p(0.05)
+
+
+def test_mde_is_tau_plus_half_width_plus_z_times_the_combined_sd() -> None:
+    # h = 0.02 at 95%: s = 0.02 / 1.959964 = 0.010204; 3 runs: b = 0.01 * sqrt(1 + 1/3) = 0.011547;
+    # sqrt(s^2 + b^2) = 0.015410; x = ln(1.05) + 0.02 + 1.644854 * 0.015410 = 0.094137; expm1(x) = 0.098710.
+    assert vd.minimum_detectable_effect(_dec(0.02), TAU, 0.01, 3) == pytest.approx(0.098710, rel=1e-4)
+
+
+def test_mde_grows_with_noise_and_half_width_and_shrinks_with_runs_up_to_the_window() -> None:
+    by_noise = [vd.minimum_detectable_effect(_dec(0.01), TAU, n, 3) or 0.0 for n in (0.0, 0.005, 0.01, 0.05)]
+    by_width = [vd.minimum_detectable_effect(_dec(h), TAU, 0.01, 3) or 0.0 for h in (0.0, 0.005, 0.02, 0.1)]
+    assert by_noise == sorted(by_noise) and len(set(by_noise)) == 4
+    assert by_width == sorted(by_width) and len(set(by_width)) == 4
+    assert by_noise[0] > 0.05 and by_width[0] > 0.05  # never below the margin
+    one, eight, many = (vd.minimum_detectable_effect(_dec(0.01), TAU, 0.01, k) or 0.0 for k in (1, 8, 50))
+    assert one > eight == many
+
+
+def test_confirmation_in_a_fresh_process_raises_the_mde() -> None:
+    once = vd.minimum_detectable_effect(_dec(0.02), TAU, 0.01, 3)
+    twice = vd.minimum_detectable_effect(_dec(0.02), TAU, 0.01, 3, confirm=True)
+    assert once is not None and twice is not None and twice > once
+    # Caught twice with probability 0.95: each detection at sqrt(0.95), z = 1.954508 instead of 1.644854.
+    assert twice == pytest.approx(math.expm1(TAU + 0.02 + 1.954508 * 0.015410), rel=1e-4)
+
+
+def test_mde_is_none_without_a_baseline_or_a_bounded_interval() -> None:
+    assert vd.minimum_detectable_effect(None, TAU, 0.01, 3) is None
+    assert vd.minimum_detectable_effect(Interval(0.0, -math.inf, math.inf, 0.95, 2), TAU, 0.01, 3) is None
+    with pytest.raises(ValueError, match="power"):
+        vd.minimum_detectable_effect(_dec(0.02), TAU, 0.01, 3, power=1.0)
+    v = vd.decide(_blocks(1000.0), None, None, workload="w", env={}, policy=vd.Policy(), max_ratio=None,
+                  incomparable=[])
+    assert v.gates[0].mde is None and v.gates[0].to_json()["mde"] is None
+
+
+def test_decide_sets_the_mde_of_the_baseline_and_ratio_gates() -> None:
+    stored = _entry()
+    args = (_blocks(1000.0), _blocks(1000.0, seed=2), stored)
+    plain = vd.decide(*args, workload="w", env={}, policy=vd.Policy(), max_ratio=2.0, incomparable=[])
+    confirmed = vd.decide(*args, workload="w", env={}, policy=vd.Policy(confirm=True), max_ratio=2.0,
+                          incomparable=[])
+    mdes = {g.name: g.mde for g in plain.gates}
+    assert set(mdes) == {"baseline", "ratio", "max_ratio"} and mdes["max_ratio"] is None
+    for name in ("baseline", "ratio"):
+        mde = mdes[name]
+        assert mde is not None and 0.05 < mde < 0.2
+        assert (next(g for g in confirmed.gates if g.name == name).mde or 0.0) > mde
+    assert plain.gates[0].to_json()["mde"] == mdes["baseline"]
