@@ -4,7 +4,8 @@
 # every "regressed" verdict in a guard run is a false alarm. Several calls can share one campaign: with
 # UPDATES=0 the call only adds guard runs against the baseline in .ci/baselines/.
 #   [AA_START=K] bash benchmarks/aa_campaign.sh OUTDIR UPDATES SECONDS [pytest args...]
-# Then: python benchmarks/aa_rejudge.py OUTDIR/<device>.json OUTDIR/aa_*.json
+# Then: python benchmarks/aa_rejudge.py OUTDIR/<device>.json OUTDIR/aa_{1..N}.json  (numeric order: the
+# fresh-process confirmation is modelled by pairing run i with run i+1)
 set -uo pipefail
 out=${1:?usage: aa_campaign.sh OUTDIR UPDATES SECONDS [pytest args...]}
 updates=${2:?UPDATES}
