@@ -1,10 +1,15 @@
 """Does the reported time agree with Nsight Compute's gpu__time_duration for single-kernel variants?
 
 Two modes:
-  python benchmarks/ncu_check.py --launch     runs each (variant, shape) a few times: the program ncu profiles
-  python benchmarks/ncu_check.py --compare    times the same cases with the engine, runs ncu on --launch
-                                              (clock control off, caches flushed, as the engine does),
-                                              and prints both with their difference
+  python benchmarks/ncu_check.py --launch     runs each (variant, shape) LAUNCHES times over 8 rotating
+                                              input copies inside a profiler range: the program ncu profiles
+  python benchmarks/ncu_check.py --compare    times the same cases with the engine in this process, runs
+                                              ncu on --launch (clock control off, caches flushed, as the
+                                              engine does), and prints both with their difference
+
+The engine runs outside ncu: under ncu, even with profiling off, CUDA-graph replays ran 30-185% slower
+(H200, 2026-11-21), so one process cannot serve both. Two processes can differ by a few percent on their
+own (benchmarks/placement_probe.py), which is part of any difference printed here.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,7 +31,7 @@ from tabulate import tabulate
 
 CASES = [("triton_flash", (16, 8, 512, 64)), ("triton_flash", (4, 16, 2048, 64)), ("cuda_wmma", (16, 8, 512, 64)),
          ("cuda_wmma", (4, 16, 2048, 64)), ("cuda_tiled", (8, 8, 256, 64))]
-LAUNCHES = 10
+LAUNCHES = 40
 
 
 def _inputs(shape: tuple[int, int, int, int]) -> tuple[torch.Tensor, ...]:
@@ -36,13 +42,13 @@ def launch() -> None:
     from kernels import VARIANTS
 
     for name, shape in CASES:
-        q, k, v = _inputs(shape)
+        copies = [_inputs(shape) for _ in range(8)]
         fn = VARIANTS[name].fn
-        fn(q, k, v, True)  # build / JIT outside the profiled range
+        fn(*copies[0], True)  # build / JIT outside the profiled range
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-        for _ in range(LAUNCHES):
-            fn(q, k, v, True)
+        for i in range(LAUNCHES):
+            fn(*copies[i % len(copies)], True)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
 
@@ -52,7 +58,7 @@ def compare() -> int:
     from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
 
     timer = CudaTimer()
-    engine = {}
+    engine: dict[str, float] = {}
     for name, shape in CASES:
         copies = [_inputs(shape) for _ in range(8)]
         fn = VARIANTS[name].fn
@@ -61,16 +67,24 @@ def compare() -> int:
             q, k, v = copies[i % len(copies)]
             return lambda: fn(q, k, v, True)
 
-        engine[(name, shape)] = measure(call, None, timer, MeasureConfig(min_time_s=0.3)).time.estimate / 1e3
+        engine[f"{name} {shape}"] = measure(call, None, timer, MeasureConfig(min_time_s=0.3)).time.estimate / 1e3
+    rows = _profile()
+    return _print(engine, rows) if rows else 1
+
+
+def _profile() -> list[dict[str, str]]:
+    """Runs --launch under ncu; its CSV rows (empty after printing why, when ncu gave none)."""
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--cache-control", "all",
            "--metrics", "gpu__time_duration.sum", "--csv", sys.executable, __file__, "--launch"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    text = proc.stdout[proc.stdout.find('"ID"'):]
-    rows = list(csv.DictReader(io.StringIO(text)))
+    rows = list(csv.DictReader(io.StringIO(proc.stdout[proc.stdout.find('"ID"'):])))
     if not rows:
         print("ncu produced no rows:\n", proc.stdout[-3000:], proc.stderr[-3000:])
-        return 1
+    return rows
+
+
+def _print(engine: dict[str, float], rows: list[dict[str, str]]) -> int:
     # Rows come in launch order: LAUNCHES kernels per case (single-kernel variants).
     per_case: list[list[float]] = []
     to_us = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
@@ -81,11 +95,12 @@ def compare() -> int:
         per_case.append(values[i * LAUNCHES:(i + 1) * LAUNCHES])
     table = []
     for (name, shape), ncu_us in zip(CASES, per_case, strict=True):
-        e = engine[(name, shape)]
+        e = engine[f"{name} {shape}"]
         n = statistics.median(ncu_us) if ncu_us else float("nan")
         table.append([name, "B{} H{} S{} D{}".format(*shape), f"{e:.2f}", f"{n:.2f}", f"{(e / n - 1) * 100:+.1f}%"])
     props = torch.cuda.get_device_properties(0)
-    print(f"device: {props.name}; torch {torch.__version__}; ncu units {sorted(units)}; {LAUNCHES} profiled launches per case")
+    print(f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; ncu units {sorted(units)}; "
+          f"{LAUNCHES} profiled launches per case on 8 rotating input copies; engine in this process, ncu in a child")
     print(tabulate(table, headers=["variant", "shape", "engine us", "ncu gpu__time_duration us (median)", "engine vs ncu"],
                    disable_numparse=True))
     return 0
