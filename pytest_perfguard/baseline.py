@@ -670,19 +670,34 @@ def fold_run(old: BaselineEntry, new: BaselineEntry, noise_floor: float) -> Base
     )
 
 
+def change_limit(old: BaselineEntry, change_threshold: float, noise_floor: float, noise_k: float) -> float:
+    """How far (a fraction) a run may move from the stored time and still be the same kernel: the guard's
+    own threshold for the case, the margin or ``noise_k`` times the stored between-run noise, whichever
+    is larger. A move the guard would not call a regression is noise, and is folded in."""
+    return max(change_threshold, noise_k * max(old.noise, noise_floor))
+
+
 def merge_entry(
-    old: BaselineEntry | None, new: BaselineEntry, noise_floor: float, change_threshold: float | None = None
+    old: BaselineEntry | None,
+    new: BaselineEntry,
+    noise_floor: float,
+    change_threshold: float | None = None,
+    noise_k: float = 0.0,
 ) -> tuple[BaselineEntry, str]:
     """The entry to store and what happened to it: 'added', 'updated' (run folded in) or 'reset'.
 
     With ``change_threshold`` (a fraction, the guard's margin), a run that moved the median by more than
-    that is a changed kernel, not another sample of the same one: folding it would inflate the stored noise
-    and with it the margin, silently blinding the guard for that case after every intended speed-up.
+    ``change_limit`` is a changed kernel, not another sample of the same one: folding it would inflate the
+    stored noise and with it the margin, silently blinding the guard for that case after every intended
+    speed-up. (The plugin first checks such a run in a fresh process and holds it back when the move
+    belongs to the process, so a run that reaches this point moved in two processes.)
     """
     if old is None:
         return replace(new, noise=max(noise_floor, new.noise), runs=1), "added"
     same = old.workload == new.workload and old.workload != UNKNOWN_WORKLOAD and old.env == new.env
-    moved = change_threshold is not None and abs(math.log(new.median_ns / old.median_ns)) > math.log1p(change_threshold)
+    moved = change_threshold is not None and abs(math.log(new.median_ns / old.median_ns)) > math.log1p(
+        change_limit(old, change_threshold, noise_floor, noise_k)
+    )
     if same and not moved:
         return fold_run(old, new, noise_floor), "updated"
     return replace(new, noise=max(noise_floor, new.noise), runs=1), "reset"
@@ -696,6 +711,7 @@ def update_baseline(
     noise_floor: float,
     lock_timeout: float = LOCK_TIMEOUT_S,
     change_threshold: float | None = None,
+    noise_k: float = 0.0,
 ) -> UpdateSummary:
     """Store ``entries`` in the baseline at ``path``, keeping every other case, under an inter-process lock.
 
@@ -723,7 +739,7 @@ def update_baseline(
             new = entries[case_id]
             if new.case_id != case_id:
                 raise ValueError(f"entry key {case_id!r} differs from its case_id {new.case_id!r}")
-            merged, what = merge_entry(cases.get(case_id), new, noise_floor, change_threshold)
+            merged, what = merge_entry(cases.get(case_id), new, noise_floor, change_threshold, noise_k)
             cases[case_id] = merged
             getattr(summary, what).append(case_id)
         summary.kept = sum(1 for case_id in bf.cases if case_id not in entries)

@@ -32,7 +32,9 @@ from .verdict import (
     DEFAULT_MARGIN,
     INCONCLUSIVE,
     NO_BASELINE,
+    NOISE_K,
     NOT_COMPARABLE,
+    PASS,
     REGRESSED,
     Policy,
     Verdict,
@@ -367,6 +369,9 @@ class Runner:
         confirm_note = ""
         if status == REGRESSED and not s.update:
             status, confirmation, confirm_note = self._confirm(verdict)
+        hold_back = ""
+        if s.update and stored is not None and not why_not and stored.workload == record["workload"]:
+            hold_back, confirmation = self._confirm_move(stored, m.time.estimate, verdict)
         record.update(
             env=env,
             median_ns=m.time.estimate,
@@ -397,6 +402,8 @@ class Runner:
         )
         if confirmation is not None:
             record["confirmation"] = confirmation
+        if hold_back:
+            record["baseline_hold"] = hold_back
         failing = [g for g in verdict.gates if g.status == REGRESSED]
         if s.update:
             failing = [g for g in failing if g.name == "max_ratio"]
@@ -448,6 +455,53 @@ class Runner:
             + ": a process-dependent time, not judged"
         )
         return INCONCLUSIVE, info, note(text, first=True)
+
+    def _confirm_move(
+        self, stored: bl.BaselineEntry, median_ns: float, verdict: Verdict
+    ) -> tuple[str, dict[str, Any] | None]:
+        """An update run whose time moved past the margin from the stored centre would restart the case's
+        entry (a changed kernel: see baseline.merge_entry). A slow or fast process can do that on its own, and
+        would throw away the runs the centre was made of. So the case is measured against the stored entry
+        in a fresh process: if it passes there, this run was the process, not the kernel, and it is held
+        back from the baseline (the reason is returned); otherwise the change stands and the entry restarts.
+        """
+        state, s = self.state, self.state.settings
+        moved = math.log(median_ns / stored.median_ns)
+        limit = bl.change_limit(stored, s.margin, state.noise_floor, NOISE_K)
+        if abs(moved) <= math.log1p(limit) or not s.confirm or in_child():
+            return "", None
+        here = f"{math.expm1(moved) * 100:+.1f}%"
+        if state.confirmations >= MAX_PER_SESSION:
+            verdict.notes.append(
+                f"moved {here} from the stored time; not checked in a fresh process ({MAX_PER_SESSION} confirmations "
+                "already run): its entry restarts as a changed kernel"
+            )
+            return "", None
+        state.confirmations += 1
+        timeout = 2 * s.case_timeout + 120 if s.case_timeout else None
+        t0 = time.monotonic()
+        with self._clock.paused():
+            child = run_fresh(self.item, s, timeout)
+        spent = round(time.monotonic() - t0, 1)
+        if isinstance(child, str):
+            verdict.notes.append(f"moved {here}; the fresh-process check failed ({child}): its entry restarts")
+            return "", {"error": child, "elapsed_s": spent}
+        info = {k: child.get(k) for k in ("verdict", "median_ns", "ci_ns", "ratio", "gates", "reasons")}
+        info["elapsed_s"] = spent
+        there = child.get("median_ns")
+        there_txt = f"{(float(there) / stored.median_ns - 1) * 100:+.1f}%" if there else "?"
+        if child.get("verdict") == PASS:  # within the same threshold of the stored time, in a fresh process
+            why = (
+                f"moved {here} from the stored time in this process but {there_txt} (pass) in a fresh one: the "
+                f"process, not the kernel; this run is not folded into the baseline (its {stored.runs} run(s) kept)"
+            )
+            verdict.notes.insert(0, why)
+            return why, info
+        verdict.notes.append(
+            f"moved {here} from the stored time here and {there_txt} ({child.get('verdict')}) in a fresh process: "
+            "a changed kernel, its entry restarts"
+        )
+        return "", info
 
     def _env(self, case: PerfCase, inputs: Inputs) -> dict[str, str]:
         info = self.state.device_info

@@ -16,6 +16,7 @@ from . import baseline as bl
 from .report import markdown, results_document, write_results
 from .results_io import ResultsError
 from .runner import SessionState
+from .verdict import NOISE_K
 
 
 @dataclass
@@ -47,7 +48,12 @@ def _entry(r: dict[str, Any], noise: float) -> bl.BaselineEntry:
 
 
 def _recordable(r: dict[str, Any]) -> bool:
-    return r.get("median_ns") is not None and r.get("outcome") == "passed" and not r.get("disturbances")
+    return (
+        r.get("median_ns") is not None
+        and r.get("outcome") == "passed"
+        and not r.get("disturbances")
+        and not r.get("baseline_hold")
+    )
 
 
 def finish(state: SessionState, records: list[dict[str, Any]], *, collected_ids: set[str] | None) -> Outcome:
@@ -119,7 +125,8 @@ def _update(
     s = state.settings
     path = baseline_file(state)
     good = [r for r in timed if _recordable(r)]
-    bad = [r["id"] for r in timed if not _recordable(r)]
+    held = [r["id"] for r in timed if r.get("baseline_hold")]
+    bad = [r["id"] for r in timed if not _recordable(r) and not r.get("baseline_hold")]
     entries = {r["id"]: _entry(r, state.noise_floor) for r in good}
     if not s.baseline_dir.is_dir():
         out.errors.append(
@@ -129,7 +136,8 @@ def _update(
         return
     try:
         summary = bl.update_baseline(
-            path, state.device_info, entries, noise_floor=state.noise_floor, change_threshold=s.margin
+            path, state.device_info, entries, noise_floor=state.noise_floor, change_threshold=s.margin,
+            noise_k=NOISE_K,
         )
     except (bl.BaselineError, OSError, ValueError) as exc:
         out.errors.append(f"perfguard: baseline not written: {exc}")
@@ -137,11 +145,16 @@ def _update(
     out.messages.append(
         f"perfguard: baseline {path}: {len(summary.added)} added, {len(summary.updated)} updated "
         f"(between-run noise folded in), {len(summary.reset)} reset (workload, environment or time changed by more "
-        f"than the {s.margin:.0%} margin: a new kernel, whose noise is measured afresh), "
+        f"than the case's threshold, at least the {s.margin:.0%} margin: a new kernel, whose noise is measured afresh), "
         f"{summary.kept} kept"
     )
     if bad:
         out.messages.append(f"perfguard: {len(bad)} timed case(s) not recorded (failed or disturbed): {', '.join(bad[:5])}")
+    if held:
+        out.messages.append(
+            f"perfguard: {len(held)} case(s) not folded in: they moved past the margin in this process only "
+            f"(a fresh process agreed with the stored time): {', '.join(held[:5])}{' ...' if len(held) > 5 else ''}"
+        )
     if collected_ids is not None:
         try:
             current = bl.read_baseline(path)

@@ -268,6 +268,42 @@ def test_a_regression_seen_in_one_process_only_is_inconclusive_not_a_failure(
     result.assert_outcomes(passed=2, failed=2)
 
 
+def test_an_update_run_that_moved_in_its_own_process_only_is_held_back(
+    project: pytest.Pytester, mode: list[str]
+) -> None:
+    """A slow process during an update would restart a case's entry as a "changed kernel" and throw away the
+    runs its centre was made of. The move is checked in a fresh process first: a process-bound one (popped
+    from the environment, so the fresh process does not see it) is held back; a real one restarts the entry."""
+    once = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))',
+                           'SLOW = float(os.environ.pop("PLANT_ONCE", os.environ.get("PLANT_SLOWDOWN", "1.0")))')
+    project.makepyfile(test_k=once)
+    run(project, mode, "--perfguard-update-baseline").assert_outcomes(passed=4)
+    first = baseline_json(project)["cases"]
+
+    result = run(project, mode, "--perfguard-update-baseline", "--perfguard-json", "u.json", env={"PLANT_ONCE": "2.0"})
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*2 case(s) not folded in: they moved past the margin in this process only*"])
+    held = baseline_json(project)["cases"]
+    for case_id, e in held.items():
+        if "[fast-" in case_id:
+            assert (e["runs"], e["median_ns"]) == (1, first[case_id]["median_ns"]), case_id
+        else:
+            assert e["runs"] == 2, case_id
+    doc = json.loads((project.path / "u.json").read_text())
+    fast = [r for r in doc["results"] if r["variant"] == "fast"]
+    assert all("not folded into the baseline" in r["baseline_hold"] for r in fast)
+    assert all(r["confirmation"]["verdict"] == "pass" for r in fast)
+
+    result = run(project, mode, "--perfguard-update-baseline", env={"PLANT_SLOWDOWN": "2.0"})
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*2 reset*"])
+    assert "not folded in" not in result.stdout.str()
+    changed = baseline_json(project)["cases"]
+    for case_id, e in changed.items():
+        if "[fast-" in case_id:
+            assert e["runs"] == 1 and e["median_ns"] == pytest.approx(2 * first[case_id]["median_ns"], rel=0.1)
+
+
 def test_faster_than_baseline_is_reported(project: pytest.Pytester) -> None:
     project.makepyfile(test_k=_case())
     run(project, [], "--perfguard-update-baseline").assert_outcomes(passed=4)

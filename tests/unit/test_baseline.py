@@ -813,3 +813,20 @@ def test_a_changed_kernel_resets_instead_of_inflating_the_noise(tmp_path: Path) 
     stored = read_baseline(path).cases["a"]
     assert (stored.runs, stored.median_ns) == (1, 8_000.0)
     assert stored.noise == 0.005
+
+
+def test_a_move_within_the_guards_own_threshold_is_noise_not_a_new_kernel(tmp_path: Path) -> None:
+    """With noise_k, a case whose stored noise sets its threshold above the margin folds a move the guard
+    would not fail on (noise 2% x 4 = 8% > 5%: a 6% move is noise), and resets only past that threshold."""
+    path = tmp_path / "dev.json"
+    kw: dict[str, Any] = {"noise_floor": 0.005, "change_threshold": 0.05, "noise_k": 4.0}
+    update_baseline(path, DEVICE, {"a": entry("a", 10_000.0, noise=0.02)}, **kw)
+    moved = update_baseline(path, DEVICE, {"a": entry("a", 10_600.0, noise=0.02)}, **kw)
+    assert moved.updated == ["a"] and read_baseline(path).cases["a"].runs == 2
+    far = update_baseline(path, DEVICE, {"a": entry("a", 14_000.0, noise=0.02)}, **kw)
+    assert far.reset == ["a"] and read_baseline(path).cases["a"].runs == 1
+    # Without noise_k the margin alone decides, as before.
+    path2 = tmp_path / "dev2.json"
+    update_baseline(path2, DEVICE, {"a": entry("a", 10_000.0, noise=0.02)}, noise_floor=0.005, change_threshold=0.05)
+    again = update_baseline(path2, DEVICE, {"a": entry("a", 10_600.0, noise=0.02)}, noise_floor=0.005, change_threshold=0.05)
+    assert again.reset == ["a"]
