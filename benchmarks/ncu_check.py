@@ -7,6 +7,10 @@ Two modes:
                                               ncu on --launch (clock control off, caches flushed, as the
                                               engine does), and prints both with their difference
 
+A third column times each call alone after the GPU sat idle for 2 ms (caches flushed, events inside a
+one-call graph). On an H200 it read 3-8 us above ncu on every case (a fixed cost of starting a graph on an
+idle GPU, not the kernel), so it bounds nothing; it is kept so that the recorded run can be repeated.
+
 The engine runs outside ncu: under ncu, even with profiling off, CUDA-graph replays ran 30-185% slower
 (H200, 2026-11-21), so one process cannot serve both. Two processes can differ by a few percent on their
 own (benchmarks/placement_probe.py), which is part of any difference printed here.
@@ -22,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,12 +58,40 @@ def launch() -> None:
         torch.cuda.cudart().cudaProfilerStop()
 
 
+def isolated_us(fn: Callable[..., torch.Tensor], copies: list[tuple[torch.Tensor, ...]], gap_s: float = 0.002) -> float:
+    """Median time of single launches after an idle GPU: L2 flushed, the GPU left idle for gap_s, then one
+    call in a one-call CUDA graph between two timing events recorded inside the graph (no host launch
+    latency, but the graph's own start on an idle GPU is included)."""
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    graphs = []
+    for q, k, v in copies:
+        fn(q, k, v, True)
+        start, end = torch.cuda.Event(enable_timing=True, external=True), torch.cuda.Event(enable_timing=True, external=True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            start.record()
+            fn(q, k, v, True)
+            end.record()
+        graphs.append((g, start, end))
+    times = []
+    for i in range(LAUNCHES):
+        g, start, end = graphs[i % len(graphs)]
+        flush.zero_()
+        torch.cuda.synchronize()
+        time.sleep(gap_s)
+        g.replay()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
 def compare() -> int:
     from kernels import VARIANTS
     from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
 
     timer = CudaTimer()
     engine: dict[str, float] = {}
+    isolated: dict[str, float] = {}
     for name, shape in CASES:
         copies = [_inputs(shape) for _ in range(8)]
         fn = VARIANTS[name].fn
@@ -68,8 +101,9 @@ def compare() -> int:
             return lambda: fn(q, k, v, True)
 
         engine[f"{name} {shape}"] = measure(call, None, timer, MeasureConfig(min_time_s=0.3)).time.estimate / 1e3
+        isolated[f"{name} {shape}"] = isolated_us(fn, copies)
     rows = _profile()
-    return _print(engine, rows) if rows else 1
+    return _print(engine, isolated, rows) if rows else 1
 
 
 def _profile() -> list[dict[str, str]]:
@@ -84,7 +118,7 @@ def _profile() -> list[dict[str, str]]:
     return rows
 
 
-def _print(engine: dict[str, float], rows: list[dict[str, str]]) -> int:
+def _print(engine: dict[str, float], isolated: dict[str, float], rows: list[dict[str, str]]) -> int:
     # Rows come in launch order: LAUNCHES kernels per case (single-kernel variants).
     per_case: list[list[float]] = []
     to_us = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
@@ -97,11 +131,14 @@ def _print(engine: dict[str, float], rows: list[dict[str, str]]) -> int:
     for (name, shape), ncu_us in zip(CASES, per_case, strict=True):
         e = engine[f"{name} {shape}"]
         n = statistics.median(ncu_us) if ncu_us else float("nan")
-        table.append([name, "B{} H{} S{} D{}".format(*shape), f"{e:.2f}", f"{n:.2f}", f"{(e / n - 1) * 100:+.1f}%"])
+        i = isolated[f"{name} {shape}"]
+        table.append([name, "B{} H{} S{} D{}".format(*shape), f"{e:.2f}", f"{n:.2f}", f"{(e / n - 1) * 100:+.1f}%",
+                      f"{i:.2f}", f"{(i / n - 1) * 100:+.1f}%"])
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; ncu units {sorted(units)}; "
           f"{LAUNCHES} profiled launches per case on 8 rotating input copies; engine in this process, ncu in a child")
-    print(tabulate(table, headers=["variant", "shape", "engine us", "ncu gpu__time_duration us (median)", "engine vs ncu"],
+    print(tabulate(table, headers=["variant", "shape", "engine us", "ncu gpu__time_duration us (median)", "engine vs ncu",
+                                   "isolated launch us", "isolated vs ncu"],
                    disable_numparse=True))
     return 0
 
