@@ -85,7 +85,7 @@ def isolated_us(fn: Callable[..., torch.Tensor], copies: list[tuple[torch.Tensor
     return statistics.median(times)
 
 
-def compare() -> int:
+def compare(cache_control: str = "all") -> int:
     from kernels import VARIANTS
     from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
 
@@ -102,14 +102,14 @@ def compare() -> int:
 
         engine[f"{name} {shape}"] = measure(call, None, timer, MeasureConfig(min_time_s=0.3)).time.estimate / 1e3
         isolated[f"{name} {shape}"] = isolated_us(fn, copies)
-    rows = _profile()
-    return _print(engine, isolated, rows) if rows else 1
+    rows = _profile(cache_control)
+    return _print(engine, isolated, rows, cache_control) if rows else 1
 
 
-def _profile() -> list[dict[str, str]]:
+def _profile(cache_control: str = "all") -> list[dict[str, str]]:
     """Runs --launch under ncu; its CSV rows (empty after printing why, when ncu gave none)."""
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--cache-control", "all",
+    cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--cache-control", cache_control,
            "--metrics", "gpu__time_duration.sum", "--csv", sys.executable, __file__, "--launch"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     rows = list(csv.DictReader(io.StringIO(proc.stdout[proc.stdout.find('"ID"'):])))
@@ -118,7 +118,7 @@ def _profile() -> list[dict[str, str]]:
     return rows
 
 
-def _print(engine: dict[str, float], isolated: dict[str, float], rows: list[dict[str, str]]) -> int:
+def _print(engine: dict[str, float], isolated: dict[str, float], rows: list[dict[str, str]], cache_control: str) -> int:
     # Rows come in launch order: LAUNCHES kernels per case (single-kernel variants).
     per_case: list[list[float]] = []
     to_us = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
@@ -136,7 +136,8 @@ def _print(engine: dict[str, float], isolated: dict[str, float], rows: list[dict
                       f"{i:.2f}", f"{(i / n - 1) * 100:+.1f}%"])
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; ncu units {sorted(units)}; "
-          f"{LAUNCHES} profiled launches per case on 8 rotating input copies; engine in this process, ncu in a child")
+          f"{LAUNCHES} profiled launches per case on 8 rotating input copies; engine in this process, ncu in a child; "
+          f"ncu --cache-control {cache_control}")
     print(tabulate(table, headers=["variant", "shape", "engine us", "ncu gpu__time_duration us (median)", "engine vs ncu",
                                    "isolated launch us", "isolated vs ncu"],
                    disable_numparse=True))
@@ -147,8 +148,10 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--launch", action="store_true")
     ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--cache-control", default="all", choices=["all", "none"],
+                    help="ncu's cache control: all (flush every cache before each profiled launch) or none")
     a = ap.parse_args()
     if a.launch:
         launch()
         raise SystemExit(0)
-    raise SystemExit(compare())
+    raise SystemExit(compare(a.cache_control))
