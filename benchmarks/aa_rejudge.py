@@ -45,7 +45,7 @@ from tabulate import tabulate
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry, read_baseline
 from pytest_perfguard.runner import NOISE_FLOOR, RATIO_NOISE_FLOOR
-from pytest_perfguard.stats import combine_difference, log_interval
+from pytest_perfguard.stats import log_interval
 
 TARGET_RATE = 0.95  # "caught in >= 95% of trials"
 FINE_GRID = [k / 200 for k in range(1, 31)]  # 0.5% .. 15%
@@ -135,21 +135,19 @@ def judge(rec: Record, shift: float, margin: float, family: int) -> vd.Verdict:
 
 
 def scores(rec: Record, family: int) -> Scores:
-    """The decision intervals exactly as `decide` builds them (its private functions included), so that
-    the fine shift grid and the threshold argument need no `decide` call per shift; `power_table` checks
-    the two against each other on every verdict it judges."""
+    """The decision intervals as `decide` builds them (`verdict.decision_interval`), so that the fine
+    shift grid and the threshold argument need no `decide` call per shift; `power_table` checks the two
+    against each other on every verdict it judges."""
     st = rec.stored
     if st.workload != rec.workload:
         return Scores(math.nan, {}, {})  # not comparable: never regressed
     conf = policy(vd.DEFAULT_MARGIN, family).decision_confidence
-    hw = vd._stored_log_half_width(st.median_ns, st.ci_ns)
-    dec = combine_difference(log_interval(rec.blocks, conf), math.log(st.median_ns), vd._rescale(hw, conf))
+    dec = vd.decision_interval(log_interval(rec.blocks, conf), st.median_ns, st.ci_ns)
     lower = {"baseline": dec.lo}
     point = {"baseline": dec.estimate}
     if rec.against is not None and st.ratio is not None:
         ratios = [v / a for v, a in zip(rec.blocks, rec.against, strict=True)]
-        bh = vd._stored_log_half_width(st.ratio, st.ratio_ci)
-        dec_r = combine_difference(log_interval(ratios, conf), math.log(st.ratio), vd._rescale(bh, conf))
+        dec_r = vd.decision_interval(log_interval(ratios, conf), st.ratio, st.ratio_ci)
         lower["ratio"] = dec_r.lo
         point["ratio"] = dec_r.estimate
     return Scores(dec.estimate, lower, point)

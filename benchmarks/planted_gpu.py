@@ -87,8 +87,8 @@ class Calibrator:
         return m.ratio.estimate - 1, m.ratio.lo - 1, m.ratio.hi - 1
 
     def fit(self, target: float, ns_per_cycle: float, median_ns: float) -> tuple[int, tuple[float, float, float], float]:
-        """(cycles, realised (est, lo, hi), floor): r(c) = floor + a*c, fitted on the floor and one probe,
-        then refined once on the probe nearest the target."""
+        """(cycles, realised (est, lo, hi), floor): r(c) = floor + a*c, fitted on the floor and a probe,
+        then refitted on the latest probe at most twice, until it lands within 0.2 points of the target."""
         floor = self.realised(1)[0]
         if floor >= target:
             return 0, (floor, floor, floor), floor

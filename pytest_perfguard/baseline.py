@@ -672,8 +672,9 @@ def fold_run(old: BaselineEntry, new: BaselineEntry, noise_floor: float) -> Base
 
 def change_limit(old: BaselineEntry, change_threshold: float, noise_floor: float, noise_k: float) -> float:
     """How far (a fraction) a run may move from the stored time and still be the same kernel: the guard's
-    own threshold for the case, the margin or ``noise_k`` times the stored between-run noise, whichever
-    is larger. A move the guard would not call a regression is noise, and is folded in."""
+    own threshold for the case (verdict.Policy.delta with ``noise_k`` = NOISE_K), the margin or ``noise_k``
+    times the stored between-run noise, whichever is larger. A move the guard would not call a regression
+    is noise, and is folded in."""
     return max(change_threshold, noise_k * max(old.noise, noise_floor))
 
 

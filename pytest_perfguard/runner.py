@@ -32,7 +32,6 @@ from .verdict import (
     DEFAULT_MARGIN,
     INCONCLUSIVE,
     NO_BASELINE,
-    NOISE_K,
     NOT_COMPARABLE,
     PASS,
     REGRESSED,
@@ -371,7 +370,7 @@ class Runner:
             status, confirmation, confirm_note = self._confirm(verdict)
         hold_back = ""
         if s.update and stored is not None and not why_not and stored.workload == record["workload"]:
-            hold_back, confirmation = self._confirm_move(stored, m.time.estimate, verdict)
+            hold_back, confirmation = self._confirm_move(stored, m.time.estimate, verdict, policy.delta(stored.noise))
         record.update(
             env=env,
             median_ns=m.time.estimate,
@@ -419,21 +418,13 @@ class Runner:
             pytest.fail(f"--perfguard-strict ({status}): " + "; ".join(record["reasons"]) + hint, pytrace=False)
         state.records.append(record)
 
-    def _confirm(self, verdict: Verdict) -> tuple[str, dict[str, Any] | None, str]:
-        """Re-run a regressed case in a fresh process (see confirm.py): the verdict stays "regressed" only
-        if it regresses there too; a regression seen in one process alone becomes inconclusive. When no
-        confirmation can be had, the regression stands. Returns the status, what the fresh process
-        measured, and the note (also added to the verdict's notes)."""
+    def _fresh(self) -> tuple[dict[str, Any] | str, dict[str, Any]] | None:
+        """This case run alone in a fresh process (see confirm.py), within the session's cap: None once
+        the cap is reached; else the child's record (or why there is none) and what to keep of it in this
+        record's "confirmation"."""
         state, s = self.state, self.state.settings
-        if not s.confirm or in_child():
-            return REGRESSED, None, ""
-
-        def note(text: str, first: bool = False) -> str:
-            verdict.notes.insert(0 if first else len(verdict.notes), text)
-            return text
-
         if state.confirmations >= MAX_PER_SESSION:
-            return REGRESSED, None, note(f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
+            return None
         state.confirmations += 1
         timeout = 2 * s.case_timeout + 120 if s.case_timeout else None
         t0 = time.monotonic()
@@ -441,9 +432,29 @@ class Runner:
             child = run_fresh(self.item, s, timeout)
         spent = round(time.monotonic() - t0, 1)
         if isinstance(child, str):
-            return REGRESSED, {"error": child, "elapsed_s": spent}, note(f"confirmation failed, the regression stands: {child}")
+            return child, {"error": child, "elapsed_s": spent}
         info = {k: child.get(k) for k in ("verdict", "median_ns", "ci_ns", "ratio", "gates", "reasons")}
         info["elapsed_s"] = spent
+        return child, info
+
+    def _confirm(self, verdict: Verdict) -> tuple[str, dict[str, Any] | None, str]:
+        """Re-run a regressed case in a fresh process (see confirm.py): the verdict stays "regressed" only
+        if it regresses there too; a regression seen in one process alone becomes inconclusive. When no
+        confirmation can be had, the regression stands. Returns the status, what the fresh process
+        measured, and the note (also added to the verdict's notes)."""
+        if not self.state.settings.confirm or in_child():
+            return REGRESSED, None, ""
+
+        def note(text: str, first: bool = False) -> str:
+            verdict.notes.insert(0 if first else len(verdict.notes), text)
+            return text
+
+        fresh = self._fresh()
+        if fresh is None:
+            return REGRESSED, None, note(f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
+        child, info = fresh
+        if isinstance(child, str):
+            return REGRESSED, info, note(f"confirmation failed, the regression stands: {child}")
         first = next((g.reason for g in verdict.gates if g.status == REGRESSED and g.reason), "regressed")
         again = next((g.get("reason") for g in child.get("gates") or [] if g.get("status") == REGRESSED), None)
         if child.get("verdict") == REGRESSED:
@@ -457,37 +468,30 @@ class Runner:
         return INCONCLUSIVE, info, note(text, first=True)
 
     def _confirm_move(
-        self, stored: bl.BaselineEntry, median_ns: float, verdict: Verdict
+        self, stored: bl.BaselineEntry, median_ns: float, verdict: Verdict, limit: float
     ) -> tuple[str, dict[str, Any] | None]:
-        """An update run whose time moved past the margin from the stored centre would restart the case's
-        entry (a changed kernel: see baseline.merge_entry). A slow or fast process can do that on its own, and
-        would throw away the runs the centre was made of. So the case is measured against the stored entry
-        in a fresh process: if it passes there, this run was the process, not the kernel, and it is held
-        back from the baseline (the reason is returned); otherwise the change stands and the entry restarts.
+        """An update run whose time moved past the case's threshold (``limit``, the guard's own delta) from
+        the stored centre would restart the case's entry (a changed kernel: see baseline.merge_entry). A slow
+        or fast process can do that on its own, and would throw away the runs the centre was made of. So the
+        case is measured against the stored entry in a fresh process: if it passes there, this run was the
+        process, not the kernel, and it is held back from the baseline (the reason is returned); otherwise
+        the change stands and the entry restarts.
         """
-        state, s = self.state, self.state.settings
         moved = math.log(median_ns / stored.median_ns)
-        limit = bl.change_limit(stored, s.margin, state.noise_floor, NOISE_K)
-        if abs(moved) <= math.log1p(limit) or not s.confirm or in_child():
+        if abs(moved) <= math.log1p(limit) or not self.state.settings.confirm or in_child():
             return "", None
         here = f"{math.expm1(moved) * 100:+.1f}%"
-        if state.confirmations >= MAX_PER_SESSION:
+        fresh = self._fresh()
+        if fresh is None:
             verdict.notes.append(
                 f"moved {here} from the stored time; not checked in a fresh process ({MAX_PER_SESSION} confirmations "
                 "already run): its entry restarts as a changed kernel"
             )
             return "", None
-        state.confirmations += 1
-        timeout = 2 * s.case_timeout + 120 if s.case_timeout else None
-        t0 = time.monotonic()
-        with self._clock.paused():
-            child = run_fresh(self.item, s, timeout)
-        spent = round(time.monotonic() - t0, 1)
+        child, info = fresh
         if isinstance(child, str):
             verdict.notes.append(f"moved {here}; the fresh-process check failed ({child}): its entry restarts")
-            return "", {"error": child, "elapsed_s": spent}
-        info = {k: child.get(k) for k in ("verdict", "median_ns", "ci_ns", "ratio", "gates", "reasons")}
-        info["elapsed_s"] = spent
+            return "", info
         there = child.get("median_ns")
         there_txt = f"{(float(there) / stored.median_ns - 1) * 100:+.1f}%" if there else "?"
         if child.get("verdict") == PASS:  # within the same threshold of the stored time, in a fresh process

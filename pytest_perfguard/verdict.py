@@ -130,6 +130,13 @@ def _stored_log_half_width(median: float, ci: tuple[float, float] | None) -> flo
     return max(math.log(median / lo) if lo > 0 else 0.0, math.log(hi / median) if hi > 0 else 0.0)
 
 
+def decision_interval(log_now: Interval, stored_center: float, stored_ci: tuple[float, float] | None) -> Interval:
+    """The interval a gate decides on, ln(now / stored): ``log_now`` (at the decision confidence) minus the
+    stored centre, whose 95% half-width is rescaled to that confidence."""
+    hw = _stored_log_half_width(stored_center, stored_ci)
+    return combine_difference(log_now, math.log(stored_center), _rescale(hw, log_now.confidence))
+
+
 def minimum_detectable_effect(
     dec: Interval | None, tau: float, noise: float, runs: int, *, confirm: bool = False, power: float = MDE_POWER
 ) -> float | None:
@@ -230,19 +237,16 @@ def decide(
     else:
         tau = math.log1p(policy.delta(stored.noise))
         base = math.log(stored.median_ns)
-        hw = _stored_log_half_width(stored.median_ns, stored.ci_ns)
-        shown = combine_difference(log_t, base, hw)
-        dec = combine_difference(log_t_dec, base, _rescale(hw, conf))
+        shown = combine_difference(log_t, base, _stored_log_half_width(stored.median_ns, stored.ci_ns))
+        dec = decision_interval(log_t_dec, stored.median_ns, stored.ci_ns)
         gate = _judge("baseline", dec, shown, tau, "time vs baseline")
         gate.mde = minimum_detectable_effect(
             dec, tau, max(stored.noise, policy.noise_floor), stored.runs, confirm=policy.confirm
         )
         verdict.gates.append(gate)
         if log_r is not None and log_r_dec is not None and stored.ratio is not None:
-            bh = _stored_log_half_width(stored.ratio, stored.ratio_ci)
-            base_r = math.log(stored.ratio)
-            shown_r = combine_difference(log_r, base_r, bh)
-            dec_r = combine_difference(log_r_dec, base_r, _rescale(bh, conf))
+            shown_r = combine_difference(log_r, math.log(stored.ratio), _stored_log_half_width(stored.ratio, stored.ratio_ci))
+            dec_r = decision_interval(log_r_dec, stored.ratio, stored.ratio_ci)
             tau_r = math.log1p(policy.ratio_delta(stored.noise))
             gate_r = _judge("ratio", dec_r, shown_r, tau_r, "ratio vs baseline ratio")
             gate_r.mde = minimum_detectable_effect(
