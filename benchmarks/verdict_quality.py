@@ -67,7 +67,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_perfguard import baseline as bl
-from pytest_perfguard import verdict as _verdict
+from pytest_perfguard.baseline import NOISE_K
 from pytest_perfguard.runner import NOISE_FLOOR, RATIO_NOISE_FLOOR, Settings
 from pytest_perfguard.session import _entry
 from pytest_perfguard.timing import (
@@ -625,7 +625,7 @@ def print_report(result: dict[str, Any], cfg: Config) -> None:
         f"verdict quality: simulation on recorded H200 noise ({DATA.name}), {date.today().isoformat()}\n"
         f"engine: target {m.target:g}, budget {m.budget_s:g} s, min_blocks {m.min_blocks}, "
         f"samples_per_block {m.samples_per_block}; policy: margin {p.margin:g}, alpha {p.alpha:g}, "
-        f"noise floors {p.noise_floor:g} / {p.ratio_noise_floor:g}; NOISE_K {_verdict.NOISE_K:g}; "
+        f"noise floors {p.noise_floor:g} / {p.ratio_noise_floor:g}; NOISE_K {p.noise_k:g}; "
         f"min_time {m.min_time_s:g} s\n"
         f"between-run drift: {cfg.drift.describe()}\n"
         f"baseline: {cfg.baseline_runs} update run(s), "
@@ -664,7 +664,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=20261121)
     ap.add_argument(
         "--drift", default="survey98",
-        help="between-run spread: " + "; ".join(f"{k}: {v}" for k, v in DRIFTS.items()) + "; or SD or LO:HI",
+        # argparse %-formats help text: the drift descriptions carry percent signs
+        help=("between-run spread: " + "; ".join(f"{k}: {v}" for k, v in DRIFTS.items()) + "; or SD or LO:HI").replace(
+            "%", "%%"
+        ),
     )
     ap.add_argument("--baseline-runs", type=int, default=4, help="update runs behind each baseline")
     ap.add_argument(
@@ -681,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ratio-noise-floor", type=float, default=RATIO_NOISE_FLOOR["cuda"])
     ap.add_argument(
         "--noise-k", type=float, default=None,
-        help="proposal: replace verdict.NOISE_K (delta = max(margin, K * noise)) in this process only",
+        help="proposal: use K instead of the plugin's NOISE_K (delta = max(margin, K * noise)) in this run only",
     )
     ap.add_argument("--keep-first-launch", action="store_true", help="keep each recorded block's cold first launch")
     ap.add_argument("--json", type=Path, default=None)
@@ -708,10 +711,10 @@ def main(argv: list[str] | None = None) -> int:
         policy=Policy(
             margin=args.margin, alpha=Settings().alpha, family_size=1, noise_floor=args.noise_floor,
             ratio_noise_floor=args.ratio_noise_floor,
+            # a what-if for the report; the plugin itself is unchanged
+            noise_k=NOISE_K if args.noise_k is None else args.noise_k,
         ),
     )
-    if args.noise_k is not None:
-        _verdict.NOISE_K = args.noise_k  # a what-if for the report; the plugin itself is unchanged
     t0 = time.perf_counter()
     result = experiment(cfg)
     print_report(result, cfg)
@@ -732,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
                 "target": m.target, "budget_s": m.budget_s, "min_blocks": m.min_blocks,
                 "samples_per_block": m.samples_per_block, "margin": p.margin, "alpha": p.alpha,
                 "noise_floor": p.noise_floor, "ratio_noise_floor": p.ratio_noise_floor, "family": FAMILY,
-                "noise_k": _verdict.NOISE_K,
+                "noise_k": p.noise_k,
             },
             **result,
         }

@@ -619,6 +619,7 @@ class UpdateSummary:
 
 
 CENTER_WINDOW = 8  # the first runs are averaged equally; past this many, each new run weighs 1/CENTER_WINDOW
+NOISE_K = 4.0  # a case's threshold is at least this many times its between-run noise (case_threshold)
 
 
 def _center_weight(runs: int) -> float:
@@ -670,12 +671,18 @@ def fold_run(old: BaselineEntry, new: BaselineEntry, noise_floor: float) -> Base
     )
 
 
+def case_threshold(margin: float, noise: float, noise_floor: float, noise_k: float = NOISE_K) -> float:
+    """A case's threshold (a fraction): the margin, or ``noise_k`` times its between-run noise (never below
+    the floor), whichever is larger. The verdict's gates (verdict.Policy.delta) and the update's "same
+    kernel?" test (change_limit) both use it."""
+    return max(margin, noise_k * max(noise, noise_floor))
+
+
 def change_limit(old: BaselineEntry, change_threshold: float, noise_floor: float, noise_k: float) -> float:
     """How far (a fraction) a run may move from the stored time and still be the same kernel: the guard's
-    own threshold for the case (verdict.Policy.delta with ``noise_k`` = NOISE_K), the margin or ``noise_k``
-    times the stored between-run noise, whichever is larger. A move the guard would not call a regression
-    is noise, and is folded in."""
-    return max(change_threshold, noise_k * max(old.noise, noise_floor))
+    own threshold for the case (``case_threshold``). A move the guard would not call a regression is noise,
+    and is folded in."""
+    return case_threshold(change_threshold, old.noise, noise_floor, noise_k)
 
 
 def merge_entry(

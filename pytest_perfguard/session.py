@@ -16,7 +16,6 @@ from . import baseline as bl
 from .report import markdown, results_document, write_results
 from .results_io import ResultsError
 from .runner import SessionState
-from .verdict import NOISE_K
 
 
 @dataclass
@@ -137,7 +136,7 @@ def _update(
     try:
         summary = bl.update_baseline(
             path, state.device_info, entries, noise_floor=state.noise_floor, change_threshold=s.margin,
-            noise_k=NOISE_K,
+            noise_k=bl.NOISE_K,
         )
     except (bl.BaselineError, OSError, ValueError) as exc:
         out.errors.append(f"perfguard: baseline not written: {exc}")

@@ -34,7 +34,7 @@ from typing import Any
 
 from scipy import stats as _sp
 
-from .baseline import CENTER_WINDOW, BaselineEntry
+from .baseline import CENTER_WINDOW, NOISE_K, BaselineEntry, case_threshold
 from .stats import Interval, combine_difference, log_interval
 
 PASS = "pass"
@@ -44,7 +44,6 @@ INCONCLUSIVE = "inconclusive"
 NOT_COMPARABLE = "not comparable"
 NO_BASELINE = "no baseline"
 
-NOISE_K = 4.0
 # Set from the measured A/A rates on an H200 (benchmarks/results/h200_2026-11-21): 0.31% false alarms at 5%.
 DEFAULT_MARGIN = 0.05
 # The probability of catching a slowdown at which the minimum detectable effect is reported.
@@ -59,18 +58,19 @@ class Policy:
     noise_floor: float = 0.0
     ratio_noise_floor: float = 0.0
     confirm: bool = False  # a regression must repeat in a fresh process: the MDE needs two detections
+    noise_k: float = NOISE_K  # the threshold is at least noise_k times the stored between-run noise
 
     @property
     def decision_confidence(self) -> float:
         return 1.0 - 2.0 * self.alpha / max(1, self.family_size)
 
     def delta(self, noise: float) -> float:
-        return max(self.margin, NOISE_K * max(noise, self.noise_floor))
+        return case_threshold(self.margin, noise, self.noise_floor, self.noise_k)
 
     def ratio_delta(self, noise: float) -> float:
         """The in-run ratio cancels machine-to-machine drift but not a kernel's own run-to-run spread
         (autotuning, placement), which the stored noise carries."""
-        return max(self.margin, NOISE_K * max(noise, self.ratio_noise_floor))
+        return case_threshold(self.margin, noise, self.ratio_noise_floor, self.noise_k)
 
 
 @dataclass

@@ -114,6 +114,20 @@ def test_margin_never_below_k_times_the_stored_noise() -> None:
     policy = vd.Policy(margin=0.02)
     assert policy.delta(0.001) == 0.02
     assert math.isclose(policy.delta(0.01), vd.NOISE_K * 0.01)
+    assert math.isclose(vd.Policy(margin=0.02, noise_k=8.0).delta(0.01), 0.08)
+
+
+def test_update_moves_and_gates_share_one_threshold() -> None:
+    """A move the update folds in as noise is exactly one the guard would not fail: both thresholds are
+    baseline.case_threshold, for every noise level around the floor and the margin."""
+    from dataclasses import replace
+
+    from pytest_perfguard import baseline as bl
+
+    policy = vd.Policy(margin=0.05, noise_floor=0.005)
+    for noise in (0.0, 0.001, 0.005, 0.0125, 0.02, 0.1):
+        entry = replace(_entry(), noise=noise)
+        assert bl.change_limit(entry, policy.margin, policy.noise_floor, bl.NOISE_K) == policy.delta(noise)
 
 
 def _dec(half_width: float, confidence: float = 0.95) -> Interval:
