@@ -37,6 +37,7 @@ from .verdict import (
     REGRESSED,
     Policy,
     Verdict,
+    case_mde,
     decide,
 )
 from .watchdog import Deadline, deadline
@@ -389,7 +390,7 @@ class Runner:
             flops=flops,
             tflops=(flops / (m.time.estimate * 1e-9) / 1e12) if flops else None,
             gates=[g.to_json() for g in verdict.gates],
-            mde=next((g.mde for g in verdict.gates if g.name == "baseline"), None),
+            mde=case_mde(verdict.gates, variant_is_against=variant.fn is case.against),
             notes=verdict.notes,
             disturbances=verdict.disturbances,
             verdict=status,

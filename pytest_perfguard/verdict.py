@@ -22,7 +22,8 @@ of k update runs is b = noise * sqrt(1 + 1/k), k capped at the centre's window o
 is flagged when its estimate exceeds tau + h, so P(flag) = Phi((x - tau - h) / sqrt(s^2 + b^2)); with the
 fresh-process confirmation a case must be flagged twice, P(flag)^2, so the power is solved at sqrt(0.95).
 MDE = expm1(tau + h + Phi^-1(power) * sqrt(s^2 + b^2)). It is a model (Gaussian drift, independent
-processes), not a measurement: it tells a case that cannot see a 5% slowdown from one that can.
+processes), not a measurement: it tells a case that cannot see a 5% slowdown from one that can. A case's
+MDE is its best gate's (case_mde): either gate fails the case.
 """
 
 from __future__ import annotations
@@ -154,6 +155,14 @@ def minimum_detectable_effect(
     b = noise * math.sqrt(1.0 + 1.0 / min(max(runs, 1), CENTER_WINDOW))
     p = math.sqrt(power) if confirm else power
     return math.expm1(tau + h + float(_sp.norm.ppf(p)) * math.hypot(s, b))
+
+
+def case_mde(gates: Sequence[Gate], *, variant_is_against: bool) -> float | None:
+    """The case's minimum detectable effect: its best gate's. A variant's own slowdown moves its time and
+    its ratio to the reference alike, and either gate fails the case. A variant that is the reference itself
+    (an A/A control) moves both sides of its ratio, so only the time gate sees it."""
+    seeing = [g.mde for g in gates if g.mde is not None and not (variant_is_against and g.name == "ratio")]
+    return min(seeing, default=None)
 
 
 def _judge(name: str, diff: Interval, report: Interval, tau: float, what: str) -> Gate:

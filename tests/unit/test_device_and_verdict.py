@@ -184,3 +184,16 @@ def test_decide_sets_the_mde_of_the_baseline_and_ratio_gates() -> None:
         assert mde is not None and 0.05 < mde < 0.2
         assert (next(g for g in confirmed.gates if g.name == name).mde or 0.0) > mde
     assert plain.gates[0].to_json()["mde"] == mdes["baseline"]
+
+
+def test_the_case_mde_is_its_best_gate_unless_the_variant_is_its_own_reference() -> None:
+    def gates(baseline: float | None, ratio: float | None) -> list[vd.Gate]:
+        return [vd.Gate("baseline", vd.PASS, mde=baseline), vd.Gate("ratio", vd.PASS, mde=ratio),
+                vd.Gate("max_ratio", vd.PASS)]
+
+    assert vd.case_mde(gates(0.11, 0.068), variant_is_against=False) == 0.068
+    assert vd.case_mde(gates(0.063, 0.07), variant_is_against=False) == 0.063
+    # sdpa against sdpa: a slowdown of SDPA moves both sides of the ratio, so the ratio gate cannot see it.
+    assert vd.case_mde(gates(0.11, 0.068), variant_is_against=True) == 0.11
+    assert vd.case_mde(gates(None, 0.068), variant_is_against=True) is None
+    assert vd.case_mde(gates(None, None), variant_is_against=False) is None
