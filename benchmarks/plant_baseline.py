@@ -44,9 +44,10 @@ def summarize(results: Path, x: float) -> int:
     per: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     missed = []
     for r in doc["results"]:
-        notes = " ".join(r.get("notes") or [])
+        notes = r.get("notes") or []
         if r["verdict"] == "regressed":
-            kind = "confirmed" if "confirmed in a fresh process" in notes else "unconfirmed"
+            # "confirmed in a fresh process: ..." or "not confirmed in a fresh process: 10 confirmations already run"
+            kind = "confirmed" if any(n.startswith("confirmed in a fresh process") for n in notes) else "unconfirmed"
         else:
             kind = r["verdict"]
             est = {g["gate"]: g.get("estimate") for g in r.get("gates", [])}
