@@ -1,18 +1,23 @@
 """Does the reported time agree with Nsight Compute's gpu__time_duration for single-kernel variants?
 
-Two modes:
+Three modes:
   python benchmarks/ncu_check.py --launch     runs each (variant, shape) LAUNCHES times over 8 rotating
                                               input copies inside a profiler range: the program ncu profiles
   python benchmarks/ncu_check.py --compare    times the same cases with the engine in this process, runs
                                               ncu on --launch (clock control off, caches flushed, as the
                                               engine does), and prints both with their difference
+  python benchmarks/ncu_check.py --sweep 8,16,32,64
+                                              single launches against graphs of back-to-back calls, both
+                                              profiled by ncu (below); ignores --warm-calls and --graph
 
 A third column times each call alone after the GPU sat idle for 2 ms (caches flushed, events inside a
 one-call graph). On an H200 it read 3-8 us above ncu on every case (a fixed cost of starting a graph on an
 idle GPU, not the kernel), so it bounds nothing; it is kept so that the recorded run can be repeated.
 
 Clocks: ncu also reads each launch's cycle count and SM clock (gpc__cycles_elapsed), and NVML samples the
-SM clock every millisecond while the engine measures. "ncu cycles at the engine clock" divides ncu's
+SM clock every millisecond while the engine measures (a thread beside the engine: the engine's figures
+with it matched the earlier runs without it, e.g. cuda_wmma B4 H16 S2048 at 137.9-139.3 us against
+138.1-138.9 us). "ncu cycles at the engine clock" divides ncu's
 cycles by NVML's clock. On an H200 NVML read 1920-1980 MHz while ncu's counter showed the tensor-core
 kernels at 1650-1825 MHz, so that column shows that NVML does not report the clock a kernel runs at; the
 sweep below compares clocks with ncu's own counter. --warm-calls N runs the variant N times back to back, unprofiled, before each
@@ -105,8 +110,12 @@ class SmClock:
         try:
             self._lib = ctypes.CDLL("libnvidia-ml.so.1")
             self._handle = ctypes.c_void_p()
-            ok = self._lib.nvmlInit_v2() == 0 and self._lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self._handle)) == 0
-        except OSError:
+            # NVML numbers GPUs its own way (PCI order, no CUDA_VISIBLE_DEVICES): find CUDA device 0 by UUID.
+            uuid = str(torch.cuda.get_device_properties(0).uuid)
+            uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+            ok = (self._lib.nvmlInit_v2() == 0
+                  and self._lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(self._handle)) == 0)
+        except (OSError, AttributeError):
             ok = False
         self.available = ok
 
@@ -341,7 +350,13 @@ if __name__ == "__main__":
                     help="compare single launches with back-to-back calls: graphs of these sizes, profiled whole")
     a = ap.parse_args()
     if a.sweep:
-        raise SystemExit(sweep(a.cache_control, [int(n) for n in a.sweep.split(",")]))
+        try:
+            sizes = sorted({int(n) for n in a.sweep.split(",") if n.strip()})
+        except ValueError:
+            ap.error(f"--sweep takes graph sizes like 8,16,32,64, not {a.sweep!r}")
+        if len(sizes) < 2 or sizes[0] < 1:
+            ap.error("--sweep needs at least two different graph sizes, each at least 1 (a slope needs two points)")
+        raise SystemExit(sweep(a.cache_control, sizes))
     if a.launch:
         launch(a.warm_calls, a.graph)
         raise SystemExit(0)

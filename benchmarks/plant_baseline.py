@@ -7,7 +7,7 @@
       kernel X slower than stored, and judges it as it would a real regression: both gates, re-measurement,
       the fresh-process confirmation (the first ten; after that the regressions stand unconfirmed).
   python benchmarks/plant_baseline.py summarize RESULTS.json X
-      prints, per variant, how many cases the run failed, and each case it missed with its predicted MDE.
+      prints, per variant, how many cases the run judged regressed, and each case it missed with its MDE.
 
 Unlike benchmarks/planted_gpu.py, no kernel runs slower: the stored side moves. What it tests is the
 verdict pipeline on real measurements against a real baseline, every case of the suite in one run.
@@ -32,7 +32,8 @@ def write(src: Path, out_dir: Path, x: float, self_variant: str = "sdpa") -> Pat
         # Items are named <test>[<variant>-<shape>]; the self-timed variant keeps its ratio.
         if entry.get("ratio") is not None and f"[{self_variant}-" not in case_id:
             entry["ratio"] /= 1 + x
-            entry["ratio_ci"] = [v / (1 + x) for v in entry["ratio_ci"]]
+            if entry.get("ratio_ci"):
+                entry["ratio_ci"] = [v / (1 + x) for v in entry["ratio_ci"]]
     out_dir.mkdir(parents=True, exist_ok=True)
     dst = out_dir / src.name
     dst.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -45,24 +46,29 @@ def summarize(results: Path, x: float) -> int:
     missed = []
     for r in doc["results"]:
         notes = r.get("notes") or []
-        if r["verdict"] == "regressed":
+        verdict = r.get("verdict") or r.get("outcome") or "?"  # skipped variants carry no verdict
+        if verdict == "regressed":
             # "confirmed in a fresh process: ..." or "not confirmed in a fresh process: 10 confirmations already run"
             kind = "confirmed" if any(n.startswith("confirmed in a fresh process") for n in notes) else "unconfirmed"
         else:
-            kind = r["verdict"]
+            kind = verdict
             est = {g["gate"]: g.get("estimate") for g in r.get("gates", [])}
-            missed.append([r["id"].split("::")[-1], r["verdict"], _pct(est.get("baseline")), _pct(est.get("ratio")),
+            missed.append([r["id"].split("::")[-1], verdict, _pct(est.get("baseline")), _pct(est.get("ratio")),
                            _pct(None if r.get("mde") is None else 1 + r["mde"])])
-        per[r["variant"]][kind] += 1
+        per[r.get("variant") or "?"][kind] += 1
+    if not per:
+        print(f"{results}: no results")
+        return 1
     kinds = ["confirmed", "unconfirmed", "inconclusive", "pass", "faster"]
+    kinds += sorted({k for c in per.values() for k in c} - set(kinds))  # skipped, incorrect, timeout, ...
     rows = [[v, sum(c.values()), sum(c[k] for k in ("confirmed", "unconfirmed")), *(c[k] for k in kinds)]
             for v, c in sorted(per.items())]
     total = [sum(r[i] for r in rows) for i in range(1, len(rows[0]))]
     print(f"planted +{x * 100:g}% on every case ({results.name}; device {doc['device'].get('name')}, "
           f"torch {doc['device'].get('torch')}, margin {doc['summary'].get('margin')})")
-    print(tabulate([*rows, ["all", *total]], headers=["variant", "cases", "failed", *kinds], disable_numparse=True))
+    print(tabulate([*rows, ["all", *total]], headers=["variant", "cases", "regressed", *kinds], disable_numparse=True))
     if missed:
-        print("\nnot failed:")
+        print("\nnot regressed (the plant missed):")
         print(tabulate(missed, headers=["case", "verdict", "time vs baseline", "ratio vs baseline", "MDE (95%)"],
                        disable_numparse=True))
     return 0

@@ -12,8 +12,9 @@ configuration), judge with `decide` against the stored baseline, re-measure once
 the first verdict is a pass, and, for a regression, confirm it with an independent measurement on fresh
 input copies and fresh graphs (the plugin confirms in a fresh process; this is the in-process stand-in).
 All measurements are kept, so the same trials are judged at every margin in --margins. +0% is the A/A
-control. The MDE column is the plugin's own predicted minimum detectable effect (95% power, with
-confirmation), the median over the A/A trials.
+control. The MDE column is the time gate's predicted minimum detectable effect (95% power, with
+confirmation), the median over the A/A trials. (The plugin's case MDE is now the better of the time and
+ratio gates, verdict.case_mde; the recorded runs of this script predate that and are kept as they are.)
 
 Usage: python benchmarks/planted_gpu.py --baseline DIR/nvidia-h200.json [--trials 10] [--margins 0.03,0.05]
 (needs a CUDA GPU; the baseline must hold the CASES below, recorded with --perfguard-update-baseline).

@@ -59,7 +59,8 @@ def _delta(record: Mapping[str, Any]) -> str:
 
 
 def _mde(record: Mapping[str, Any]) -> str:
-    """The smallest slowdown the baseline gate catches 95% of the time (see verdict.py)."""
+    """The smallest slowdown of the kernel that the case fails on 95% of the time: its better gate's, or the
+    time gate's alone for a variant timed against itself (verdict.case_mde)."""
     mde = record.get("mde")
     return "-" if mde is None else f"{mde * 100:+.1f}%"
 

@@ -224,7 +224,8 @@ def test_perfguard_without_baseline_reports_and_writes_json_and_summary(
 
 def test_a_variant_timed_against_itself_reports_the_time_gates_mde(project: pytest.Pytester) -> None:
     """The A/A control (the reference as one of its own variants): a slowdown of it moves both sides of its
-    ratio, so its MDE is the time gate's, while another variant's is the better of its two gates."""
+    ratio, so its MDE is the time gate's, while another variant's is the better of its two gates (here the
+    ratio gate for "twin", which shares the reference's ramp, and the time gate for "fast")."""
     project.makepyfile(test_self="""
 import math
 import pytest
@@ -243,21 +244,28 @@ def drifting(q, k, v, causal):
 
 REF = drifting
 
-@perf_case(variants={"self": REF, "fast": timed(1000)}, reference=reference, against=REF, clock=CLOCK)
+
+def twin(q, k, v, causal):
+    return drifting(q, k, v, causal)  # the same ramp, another kernel: its ratio gate resolves finer
+
+@perf_case(variants={"self": REF, "twin": twin, "fast": timed(1000)}, reference=reference, against=REF,
+           clock=CLOCK)
 @pytest.mark.parametrize("S", [8])
 def test_attn(S, perfguard_device):
     q, k, v = (torch.randn(1, 2, S, 16, dtype=torch.float64) for _ in range(3))
     return (q, k, v), {"causal": True}
 """)
     budget = ("--perfguard-case-budget", "1")
-    for _ in range(3):  # runs that agree: the stored between-run noise falls to its floor
-        run(project, MODES["no-xdist"], "--perfguard-update-baseline", *budget).assert_outcomes(passed=2)
-    run(project, MODES["no-xdist"], "--perfguard", "--perfguard-json", "r.json", *budget).assert_outcomes(passed=2)
+    for _ in range(2):  # runs that agree: the stored between-run noise falls to its floor
+        run(project, MODES["no-xdist"], "--perfguard-update-baseline", *budget).assert_outcomes(passed=3)
+    run(project, MODES["no-xdist"], "--perfguard", "--perfguard-json", "r.json", *budget).assert_outcomes(passed=3)
     records = {r["variant"]: r for r in json.loads((project.path / "r.json").read_text())["results"]}
     gate_mde = {v: {g["gate"]: g["mde"] for g in r["gates"]} for v, r in records.items()}
     assert all(m["baseline"] is not None and m["ratio"] is not None for m in gate_mde.values()), gate_mde
     assert gate_mde["self"]["ratio"] < gate_mde["self"]["baseline"], gate_mde  # else the test could not fail
     assert records["self"]["mde"] == gate_mde["self"]["baseline"]
+    assert gate_mde["twin"]["ratio"] < gate_mde["twin"]["baseline"], gate_mde
+    assert records["twin"]["mde"] == gate_mde["twin"]["ratio"]
     assert records["fast"]["mde"] == min(gate_mde["fast"]["baseline"], gate_mde["fast"]["ratio"])
 
 
