@@ -138,6 +138,24 @@ def incomparable(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return out
 
 
+def nvml_handle(nv: Any, uuid: str | None) -> Any:
+    """NVML's handle for the GPU that CUDA knows by this UUID, or None. NVML numbers GPUs in PCI order and
+    ignores CUDA_VISIBLE_DEVICES, so a CUDA index can name another GPU there (an xdist worker pinned to its
+    own GPU sees it as cuda:0); the index is used only when NVML sees a single GPU."""
+    if uuid:
+        try:
+            # bytes: older pynvml passes the argument straight to ctypes' c_char_p
+            return nv.nvmlDeviceGetHandleByUUID((uuid if uuid.startswith("GPU-") else "GPU-" + uuid).encode())
+        except Exception:
+            pass
+    try:
+        if int(nv.nvmlDeviceGetCount()) == 1:
+            return nv.nvmlDeviceGetHandleByIndex(0)
+    except Exception:
+        pass
+    return None
+
+
 @dataclass
 class Disturbances:
     """Watches one GPU through NVML during a measurement: throttling and foreign compute processes."""
@@ -157,10 +175,11 @@ class Disturbances:
         dev = torch.device(device)
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         try:
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            uuid: str | None = str(torch.cuda.get_device_properties(index).uuid)
         except Exception:
-            return None
-        return cls(index=index, handle=handle, nv=nv)
+            uuid = None
+        handle = nvml_handle(nv, uuid)
+        return None if handle is None else cls(index=index, handle=handle, nv=nv)
 
     def check(self) -> str | None:
         """One reading; returns a description of a disturbance, or None when the GPU looked clean."""

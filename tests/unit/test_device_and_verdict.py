@@ -37,6 +37,20 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[_Proc]:
         return [_Proc(p) for p in self.pids]
 
+    # Lookup: GPUs by NVML index (PCI order), each with its UUID.
+    uuids: tuple[str, ...] = ("GPU-aaaa", "GPU-bbbb")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"handle {self.uuids[index]}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes) -> str:
+        if uuid.decode() not in self.uuids:
+            raise LookupError(uuid)  # pynvml raises NVMLError_NotFound
+        return f"handle {uuid.decode()}"
+
 
 def test_clean_gpu_reports_nothing() -> None:
     assert Disturbances(index=0, handle=object(), nv=FakeNvml()).check() is None
@@ -87,6 +101,20 @@ def _entry(median: float = 1000.0, ratio: float = 1.0, backend: str = "flash") -
 def _blocks(center: float, n: int = 20, seed: int = 1) -> list[float]:
     rng = random.Random(seed)
     return [center * math.exp(rng.gauss(0, 0.002)) for _ in range(n)]
+
+
+def test_nvml_watches_the_gpu_cuda_measures_on_not_the_one_with_its_index() -> None:
+    from pytest_perfguard.device import nvml_handle
+
+    nv = FakeNvml()
+    # A worker pinned to the second GPU (CUDA_VISIBLE_DEVICES=1) sees it as cuda:0; NVML's index 0 is the first.
+    assert nvml_handle(nv, "bbbb") == "handle GPU-bbbb"  # torch gives the UUID without NVML's prefix
+    assert nvml_handle(nv, "GPU-aaaa") == "handle GPU-aaaa"
+    assert nvml_handle(nv, "cccc") is None  # unknown to NVML, and two GPUs: no guessing by index
+    assert nvml_handle(nv, None) is None
+    single = FakeNvml()
+    single.uuids = ("GPU-aaaa",)
+    assert nvml_handle(single, None) == "handle GPU-aaaa"  # one GPU: the index cannot be wrong
 
 
 def test_sdpa_backend_change_is_not_comparable_with_the_command_to_rebaseline() -> None:
