@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import ctypes
 import io
 import shutil
 import statistics
@@ -100,30 +99,26 @@ def launch(warm_calls: int = 0, graph_calls: int = 0) -> None:
 
 
 class SmClock:
-    """NVML's current SM clock, sampled every millisecond on a thread while `with` is open (None readings
-    when the driver's NVML library cannot be loaded)."""
+    """NVML's current SM clock of CUDA device 0, sampled every millisecond on a thread while `with` is open
+    (no samples where pynvml is missing; the plugin's own NVML access and GPU lookup)."""
 
     def __init__(self) -> None:
+        from pytest_perfguard.device import nvml, nvml_handle
+
         self.samples: list[int] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        try:
-            self._lib = ctypes.CDLL("libnvidia-ml.so.1")
-            self._handle = ctypes.c_void_p()
-            # NVML numbers GPUs its own way (PCI order, no CUDA_VISIBLE_DEVICES): find CUDA device 0 by UUID.
-            uuid = str(torch.cuda.get_device_properties(0).uuid)
-            uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
-            ok = (self._lib.nvmlInit_v2() == 0
-                  and self._lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(self._handle)) == 0)
-        except (OSError, AttributeError):
-            ok = False
-        self.available = ok
+        self._nv = nvml()
+        self._handle = None if self._nv is None else nvml_handle(self._nv, str(torch.cuda.get_device_properties(0).uuid))
+        self.available = self._handle is not None
 
     def read(self) -> int | None:
-        mhz = ctypes.c_uint()
-        if not self.available or self._lib.nvmlDeviceGetClockInfo(self._handle, 1, ctypes.byref(mhz)) != 0:  # 1: SM
+        if not self.available:
             return None
-        return int(mhz.value)
+        try:
+            return int(self._nv.nvmlDeviceGetClockInfo(self._handle, self._nv.NVML_CLOCK_SM))
+        except Exception:
+            return None
 
     def _run(self) -> None:
         while not self._stop.is_set():

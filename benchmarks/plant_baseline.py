@@ -19,25 +19,33 @@ import argparse
 import collections
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tabulate import tabulate
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pytest_perfguard.baseline import BaselineFile, read_baseline, write_baseline
+
 
 def write(src: Path, out_dir: Path, x: float, self_variant: str = "sdpa") -> Path:
-    doc = json.loads(src.read_text())
-    for case_id, entry in doc["cases"].items():
-        entry["median_ns"] /= 1 + x
-        entry["ci_ns"] = [v / (1 + x) for v in entry["ci_ns"]]
+    bf = read_baseline(src)
+    scale = 1.0 / (1.0 + x)
+    for case_id, e in bf.cases.items():
         # Items are named <test>[<variant>-<shape>]; the self-timed variant keeps its ratio.
-        if entry.get("ratio") is not None and f"[{self_variant}-" not in case_id:
-            entry["ratio"] /= 1 + x
-            if entry.get("ratio_ci"):
-                entry["ratio_ci"] = [v / (1 + x) for v in entry["ratio_ci"]]
+        moves_ratio = e.ratio is not None and f"[{self_variant}-" not in case_id
+        bf.cases[case_id] = replace(
+            e,
+            median_ns=e.median_ns * scale,
+            ci_ns=(e.ci_ns[0] * scale, e.ci_ns[1] * scale),
+            ratio=e.ratio * scale if moves_ratio and e.ratio is not None else e.ratio,
+            ratio_ci=(e.ratio_ci[0] * scale, e.ratio_ci[1] * scale) if moves_ratio and e.ratio_ci else e.ratio_ci,
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
-    dst = out_dir / src.name
-    dst.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    return dst
+    planted = BaselineFile(path=out_dir / src.name, exists=False, device=bf.device, cases=bf.cases)
+    write_baseline(planted)  # validated and written as the plugin writes its own
+    return planted.path
 
 
 def summarize(results: Path, x: float) -> int:

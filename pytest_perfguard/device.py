@@ -47,7 +47,8 @@ def _triton_version() -> str | None:
         return None
 
 
-def _nvml() -> Any:
+def nvml() -> Any:
+    """The initialised pynvml module, or None where it is not installed or finds no driver."""
     try:
         import pynvml
 
@@ -74,7 +75,7 @@ def fingerprint(device: str) -> dict[str, Any]:
             cuda=torch.version.cuda,
             driver=None,
         )
-        nv = _nvml()
+        nv = nvml()
         if nv is not None:
             with contextlib.suppress(Exception):
                 info["driver"] = _text(nv.nvmlSystemGetDriverVersion())
@@ -169,7 +170,7 @@ class Disturbances:
     def open(cls, device: str) -> Disturbances | None:
         if not device.startswith("cuda"):
             return None
-        nv = _nvml()
+        nv = nvml()
         if nv is None:
             return None
         dev = torch.device(device)
