@@ -34,23 +34,33 @@ Other legacy fields are dropped. A file without ``schema_version`` is refused ra
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import json
 import math
-import os
 import re
-import secrets
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from filelock import FileLock, Timeout
+from .jsonio import (
+    LOCK_TIMEOUT_S,
+    Invalid,
+    JSONFileError,
+    check_keys,
+    dumps,
+    integer,
+    interval,
+    iso_date,
+    load_json_text,
+    locked,
+    number,
+    restore_hint,
+    string,
+    write_text_atomic,
+)
 
 SCHEMA_VERSION = 1
 DEFAULT_FOLDER = Path(".ci/baselines")
-LOCK_TIMEOUT_S = 60.0
 UNKNOWN_WORKLOAD = ""
 
 _ENTRY_FIELDS = (
@@ -68,188 +78,12 @@ _ENTRY_FIELDS = (
 )
 _TOP_FIELDS = ("schema_version", "device", "cases")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _CONFLICT_PREFIXES = ("<<<<<<<", "=======", ">>>>>>>", "|||||||")
-
-
-class JSONFileError(Exception):
-    """A perfguard JSON file (baseline or results) that cannot be used; the message says which and why."""
 
 
 class BaselineError(JSONFileError):
     """A baseline file that cannot be read or written; the message names the file, the problem and the fix."""
-
-
-def _restore_hint(path: Path) -> str:
-    return f"restore it from git (git checkout -- {path}) or delete it and record a new baseline"
-
-
-# --------------------------------------------------------------------------------------------- strict JSON
-
-
-class _BadJSON(Exception):
-    """Raised from inside the json hooks; turned into a file error with the path by the caller."""
-
-    def __init__(self, problem: str, needle: str) -> None:
-        super().__init__(problem)
-        self.needle = needle  # text to look for, to tell the user the line
-
-
-def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _BadJSON(f"duplicate key {json.dumps(key)}", json.dumps(key))
-        out[key] = value
-    return out
-
-
-def _reject_constant(name: str) -> NoReturn:
-    raise _BadJSON(f"non-finite number literal {name} (JSON has no NaN or Infinity)", name)
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _BadJSON(f"number {text} overflows to infinity", text)
-    return value
-
-
-def _line_of(text: str, needle: str) -> int | None:
-    """Line (1-based) of the last occurrence, where a duplicate or bad literal most likely sits."""
-    at = text.rfind(needle)
-    return None if at < 0 else text.count("\n", 0, at) + 1
-
-
-def load_json_text(path: Path, error: type[JSONFileError], what: str) -> tuple[Any, bool]:
-    """Read ``path`` as strict JSON; return (object, True), or (None, False) when the file does not exist.
-
-    Strict means: UTF-8, no git conflict markers, no duplicate keys, no NaN/Infinity, no numbers that
-    overflow, so that what is stored is exactly what a reviewer sees in the diff.
-    """
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None, False
-    except IsADirectoryError:
-        raise error(f"{path}: is a folder, not a {what} file") from None
-    except OSError as exc:
-        raise error(
-            f"{path}: cannot read the {what} file ({exc.strerror or exc}); check its permissions"
-        ) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(
-            f"{path}: not UTF-8 text (bad byte at offset {exc.start}); the file is damaged: {_restore_hint(path)}"
-        ) from None
-    text = text.removeprefix("\ufeff")
-    if not text.strip():
-        raise error(f"{path}: the {what} file is empty: {_restore_hint(path)}")
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.startswith(_CONFLICT_PREFIXES):
-            raise error(
-                f"{path}: unresolved merge conflict at line {number}: resolve the merge conflict "
-                f"(keep one side of each conflicting case, or take either side and re-record it), "
-                f"then check it with `perfguard validate {path}`"
-            )
-    try:
-        obj = json.loads(
-            text, object_pairs_hook=_pairs_hook, parse_constant=_reject_constant, parse_float=_finite_float
-        )
-    except _BadJSON as exc:
-        line_no = _line_of(text, exc.needle)
-        where = f" (near line {line_no})" if line_no else ""
-        raise error(
-            f"{path}: {exc}{where}; a hand edit or a bad merge left this: fix that line or {_restore_hint(path)}"
-        ) from None
-    except json.JSONDecodeError as exc:
-        # a string can hold no raw newline, so an unterminated one runs to the end of the file
-        truncated = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
-        why = "the file ends early (truncated write?)" if truncated else "invalid JSON"
-        raise error(
-            f"{path}: {why} at line {exc.lineno} column {exc.colno}: {exc.msg}: {_restore_hint(path)}"
-        ) from None
-    except RecursionError:
-        raise error(f"{path}: JSON nested too deeply to be a {what} file: {_restore_hint(path)}") from None
-    except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
-        raise error(f"{path}: unreadable number ({exc}): {_restore_hint(path)}") from None
-    return obj, True
-
-
-# --------------------------------------------------------------------------------------------- validation
-
-
-class _Invalid(Exception):
-    """A value that fails validation; the caller adds the file and case."""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _number(value: Any, name: str, *, positive: bool = False, nonneg: bool = False) -> float:
-    if not _is_number(value):
-        raise _Invalid(f"field {name!r} must be a number, got {json.dumps(value)[:60]}")
-    try:
-        out = float(value)
-    except OverflowError:
-        raise _Invalid(f"field {name!r} is too large: {str(value)[:30]}...") from None
-    if not math.isfinite(out):
-        raise _Invalid(f"field {name!r} must be finite, got {out}")
-    if positive and out <= 0:
-        raise _Invalid(f"field {name!r} must be positive, got {out}")
-    if nonneg and out < 0:
-        raise _Invalid(f"field {name!r} must not be negative, got {out}")
-    return out
-
-
-def _interval(value: Any, name: str, centre: float, centre_name: str) -> tuple[float, float]:
-    if not isinstance(value, list) or len(value) != 2:
-        raise _Invalid(f"field {name!r} must be a list [low, high], got {json.dumps(value)[:60]}")
-    lo = _number(value[0], f"{name}[0]", positive=True)
-    hi = _number(value[1], f"{name}[1]", positive=True)
-    if not lo <= centre <= hi:
-        raise _Invalid(f"field {name!r} = [{lo}, {hi}] must satisfy low <= {centre_name} ({centre}) <= high")
-    return lo, hi
-
-
-def _integer(value: Any, name: str, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _Invalid(f"field {name!r} must be an integer, got {json.dumps(value)[:60]}")
-    if value < minimum:
-        raise _Invalid(f"field {name!r} must be >= {minimum}, got {value}")
-    return value
-
-
-def _string(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise _Invalid(f"field {name!r} must be a string, got {json.dumps(value)[:60]}")
-    return value
-
-
-def _date(value: Any, name: str) -> str:
-    text = _string(value, name)
-    if text == "":
-        return text
-    try:
-        ok = len(text) == 10 and datetime.date.fromisoformat(text).isoformat() == text
-    except ValueError:
-        ok = False
-    if not ok:
-        raise _Invalid(f"field {name!r} must be a date YYYY-MM-DD, got {text!r}")
-    return text
-
-
-def _check_keys(obj: dict[str, Any], allowed: tuple[str, ...], required: tuple[str, ...]) -> None:
-    missing = [k for k in required if k not in obj]
-    if missing:
-        raise _Invalid(
-            f"missing field {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
-    unknown = sorted(k for k in obj if k not in allowed)
-    if unknown:
-        raise _Invalid(f"unknown field {unknown[0]!r} (allowed: {', '.join(allowed)})")
 
 
 @dataclass(frozen=True)
@@ -290,50 +124,50 @@ class BaselineEntry:
         """Validate one stored entry; a bad value raises BaselineError naming file, case and field."""
         try:
             return cls._parse(case_id, obj)
-        except _Invalid as exc:
+        except Invalid as exc:
             raise BaselineError(
-                f"{path}: case {case_id!r}: {exc}; fix the entry or {_restore_hint(path)}"
+                f"{path}: case {case_id!r}: {exc}; fix the entry or {restore_hint(path)}"
             ) from None
 
     @classmethod
     def _parse(cls, case_id: str, obj: Any) -> BaselineEntry:
         if not isinstance(case_id, str) or not case_id:
-            raise _Invalid("the case id must be a non-empty string")
+            raise Invalid("the case id must be a non-empty string")
         if not isinstance(obj, dict):
-            raise _Invalid(f"the entry must be a JSON object, got {type(obj).__name__}")
-        _check_keys(obj, _ENTRY_FIELDS, _ENTRY_FIELDS)
-        workload = _string(obj["workload"], "workload")
+            raise Invalid(f"the entry must be a JSON object, got {type(obj).__name__}")
+        check_keys(obj, _ENTRY_FIELDS, _ENTRY_FIELDS)
+        workload = string(obj["workload"], "workload")
         if workload != UNKNOWN_WORKLOAD and not _HEX64.fullmatch(workload):
-            raise _Invalid(
+            raise Invalid(
                 f"field 'workload' must be a sha256 hex digest (64 lowercase hex digits), got {workload[:70]!r}"
             )
         env_raw = obj["env"]
         if not isinstance(env_raw, dict):
-            raise _Invalid(f"field 'env' must be an object of strings, got {json.dumps(env_raw)[:60]}")
-        env = {str(k): _string(v, f"env.{k}") for k, v in env_raw.items()}
-        median = _number(obj["median_ns"], "median_ns", positive=True)
-        ci = _interval(obj["ci_ns"], "ci_ns", median, "median_ns")
+            raise Invalid(f"field 'env' must be an object of strings, got {json.dumps(env_raw)[:60]}")
+        env = {str(k): string(v, f"env.{k}") for k, v in env_raw.items()}
+        median = number(obj["median_ns"], "median_ns", positive=True)
+        ci = interval(obj["ci_ns"], "ci_ns", median, "median_ns")
         ratio: float | None = None
         ratio_ci: tuple[float, float] | None = None
         if obj["ratio"] is not None:
-            ratio = _number(obj["ratio"], "ratio", positive=True)
+            ratio = number(obj["ratio"], "ratio", positive=True)
             if obj["ratio_ci"] is not None:
-                ratio_ci = _interval(obj["ratio_ci"], "ratio_ci", ratio, "ratio")
+                ratio_ci = interval(obj["ratio_ci"], "ratio_ci", ratio, "ratio")
         elif obj["ratio_ci"] is not None:
-            raise _Invalid("field 'ratio_ci' must be null when 'ratio' is null")
+            raise Invalid("field 'ratio_ci' must be null when 'ratio' is null")
         return cls(
             case_id=case_id,
             workload=workload,
-            workload_desc=_string(obj["workload_desc"], "workload_desc"),
+            workload_desc=string(obj["workload_desc"], "workload_desc"),
             env=env,
             median_ns=median,
             ci_ns=ci,
             ratio=ratio,
             ratio_ci=ratio_ci,
-            noise=_number(obj["noise"], "noise", nonneg=True),
-            runs=_integer(obj["runs"], "runs", 1),
-            blocks=_integer(obj["blocks"], "blocks", 0),
-            updated=_date(obj["updated"], "updated"),
+            noise=number(obj["noise"], "noise", nonneg=True),
+            runs=integer(obj["runs"], "runs", 1),
+            blocks=integer(obj["blocks"], "blocks", 0),
+            updated=iso_date(obj["updated"], "updated"),
         )
 
 
@@ -367,16 +201,16 @@ def baseline_path(folder: Path, device_name: str) -> Path:
     return folder / f"{device_slug(device_name)}.json"
 
 
-def _check_device(device: Any) -> dict[str, Any]:
+def check_device(device: Any) -> dict[str, Any]:
     if not isinstance(device, dict):
-        raise _Invalid(f"'device' must be a JSON object, got {type(device).__name__}")
+        raise Invalid(f"'device' must be a JSON object, got {type(device).__name__}")
     for key in ("slug", "name"):
         if key not in device:
-            raise _Invalid(f"'device' is missing field {key!r}")
+            raise Invalid(f"'device' is missing field {key!r}")
         if not isinstance(device[key], str):
-            raise _Invalid(f"'device.{key}' must be a string, got {json.dumps(device[key])[:60]}")
-    if not _SLUG.fullmatch(device["slug"]):
-        raise _Invalid(
+            raise Invalid(f"'device.{key}' must be a string, got {json.dumps(device[key])[:60]}")
+    if not SLUG.fullmatch(device["slug"]):
+        raise Invalid(
             f"'device.slug' {device['slug']!r} is not a slug (lowercase letters, digits and dashes)"
         )
     return device
@@ -398,14 +232,14 @@ def _migrate_0_to_1(old: dict[str, Any]) -> dict[str, Any]:
         if "name" in device and "slug" not in device and isinstance(device["name"], str):
             device["slug"] = device_slug(device["name"])
     else:
-        raise _Invalid(f"legacy 'device' must be a name or an object, got {type(device_raw).__name__}")
+        raise Invalid(f"legacy 'device' must be a name or an object, got {type(device_raw).__name__}")
     cases_raw = old.get("cases")
     if not isinstance(cases_raw, dict):
-        raise _Invalid("legacy file has no 'cases' object")
+        raise Invalid("legacy file has no 'cases' object")
     cases: dict[str, Any] = {}
     for case_id, legacy in cases_raw.items():
         if not isinstance(legacy, dict):
-            raise _Invalid(f"legacy case {case_id!r} must be an object")
+            raise Invalid(f"legacy case {case_id!r} must be an object")
         cases[case_id] = _migrate_case_0(case_id, legacy)
     return {"schema_version": 1, "device": device, "cases": cases}
 
@@ -416,14 +250,14 @@ _UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6}
 def _migrate_case_0(case_id: str, legacy: dict[str, Any]) -> dict[str, Any]:
     medians = [unit for unit in _UNIT_NS if f"median_{unit}" in legacy]
     if len(medians) != 1:
-        raise _Invalid(f"legacy case {case_id!r} needs exactly one of median_ms, median_us, median_ns")
+        raise Invalid(f"legacy case {case_id!r} needs exactly one of median_ms, median_us, median_ns")
     scale = _UNIT_NS[medians[0]]
-    median = _number(legacy[f"median_{medians[0]}"], f"median_{medians[0]}", positive=True) * scale
+    median = number(legacy[f"median_{medians[0]}"], f"median_{medians[0]}", positive=True) * scale
     ci: list[float] = [median, median]
     for unit, unit_scale in _UNIT_NS.items():
         raw = legacy.get(f"ci_{unit}")
         if raw is not None:
-            lo, hi = _interval(raw, f"ci_{unit}", median / unit_scale, f"median_{medians[0]}")
+            lo, hi = interval(raw, f"ci_{unit}", median / unit_scale, f"median_{medians[0]}")
             ci = [min(lo * unit_scale, median), max(hi * unit_scale, median)]  # rounding in the unit change
     desc = legacy.get("workload_desc", legacy.get("desc", ""))
     return {
@@ -448,16 +282,11 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _migrate
 # --------------------------------------------------------------------------------------------- read / write
 
 
-def dumps(obj: Mapping[str, Any]) -> str:
-    """The one serialisation of a perfguard JSON file: byte-identical for equal content."""
-    return json.dumps(obj, sort_keys=True, indent=2, allow_nan=False) + "\n"
-
-
 def parse_baseline(path: Path, obj: Any) -> BaselineFile:
     """Validate an already-parsed baseline object (migrating it in memory if it is older)."""
 
     def bad(problem: str) -> NoReturn:
-        raise BaselineError(f"{path}: {problem}; fix it or {_restore_hint(path)}")
+        raise BaselineError(f"{path}: {problem}; fix it or {restore_hint(path)}")
 
     if not isinstance(obj, dict):
         bad(f"the top level must be a JSON object, got {type(obj).__name__}")
@@ -488,16 +317,16 @@ def parse_baseline(path: Path, obj: Any) -> BaselineFile:
                 bad(f"schema {version} is too old to migrate (oldest supported: {min(MIGRATIONS)})")
             try:
                 obj = migration(obj)
-            except _Invalid as exc:
+            except Invalid as exc:
                 bad(f"cannot migrate from schema {migrated_from}: {exc}")
             version += 1
         device = obj.get("device")
         if isinstance(device, dict) and "slug" not in device and "name" not in device:
             device.update(slug=device_slug(path.stem), name=path.stem)
     try:
-        _check_keys(obj, _TOP_FIELDS, _TOP_FIELDS)
-        device = _check_device(obj["device"])
-    except _Invalid as exc:
+        check_keys(obj, _TOP_FIELDS, _TOP_FIELDS)
+        device = check_device(obj["device"])
+    except Invalid as exc:
         bad(str(exc))
     cases_raw = obj["cases"]
     if not isinstance(cases_raw, dict):
@@ -515,57 +344,6 @@ def read_baseline(path: Path) -> BaselineFile:
     return parse_baseline(path, obj)
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename durable; not possible (nor needed) on every platform."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str, error: type[JSONFileError] = BaselineError) -> None:
-    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a part.
-
-    Temp file in the same folder (same file system, so ``os.replace`` is atomic), flush, fsync, replace,
-    fsync the folder. On any failure the old file is intact and the temp file is gone.
-    """
-    folder = path.parent
-    if not folder.is_dir():
-        raise error(f"{path}: folder {folder} does not exist; create it (mkdir -p {folder}) and run again")
-    data = text.encode("utf-8")
-    tmp = folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:
-        raise error(
-            f"{path}: cannot write in folder {folder} ({exc.strerror or exc}); make it writable "
-            f"(chmod u+w {folder}) or choose another baseline folder"
-        ) from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        with contextlib.suppress(OSError):
-            os.chmod(tmp, path.stat().st_mode & 0o7777)  # keep the mode of the file it replaces
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise error(
-                f"{path}: writing failed ({exc.strerror or exc}); the previous file is unchanged"
-            ) from None
-        raise
-    _fsync_dir(folder)
-
-
 def write_baseline(bf: BaselineFile) -> None:
     """Validate and atomically write a baseline file in the current schema."""
     obj = bf.to_json()
@@ -576,34 +354,9 @@ def write_baseline(bf: BaselineFile) -> None:
             f"{bf.path}: refusing to write a value JSON cannot hold exactly ({exc})"
         ) from None
     parse_baseline(bf.path, json.loads(text))  # never write what we would refuse to read
-    write_text_atomic(bf.path, text)
+    write_text_atomic(bf.path, text, BaselineError)
     bf.exists = True
     bf.migrated_from = None
-
-
-@contextlib.contextmanager
-def locked(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Inter-process lock on a baseline file, so concurrent update runs (xdist, CI shards) lose nothing."""
-    if not path.parent.is_dir():
-        raise BaselineError(
-            f"{path}: folder {path.parent} does not exist; create it (mkdir -p {path.parent}) and run again"
-        )
-    lock = FileLock(str(path) + ".lock", timeout=timeout)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise BaselineError(
-            f"{path}: could not lock {path}.lock within {timeout:g} s; another perfguard update is writing "
-            f"this baseline. Wait for it and run again"
-        ) from None
-    except OSError as exc:
-        raise BaselineError(
-            f"{path}: cannot create the lock file {path}.lock ({exc.strerror or exc}); make {path.parent} writable"
-        ) from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 @dataclass
@@ -730,10 +483,10 @@ def update_baseline(
     if not math.isfinite(noise_floor) or noise_floor < 0:
         raise ValueError(f"noise_floor must be a finite number >= 0, got {noise_floor}")
     try:
-        _check_device(device)
-    except _Invalid as exc:
+        check_device(device)
+    except Invalid as exc:
         raise BaselineError(f"{path}: cannot update: the given {exc}") from None
-    with locked(path, lock_timeout):
+    with locked(path, lock_timeout, BaselineError):
         bf = read_baseline(path)
         stored_slug = bf.device.get("slug")
         if bf.exists and stored_slug != device["slug"]:
@@ -758,7 +511,7 @@ def update_baseline(
 def remove_cases(path: Path, case_ids: set[str], *, lock_timeout: float = LOCK_TIMEOUT_S) -> list[str]:
     """Delete stored cases (stale ones) under the lock; returns the ids actually removed, sorted."""
     path = Path(path)
-    with locked(path, lock_timeout):
+    with locked(path, lock_timeout, BaselineError):
         bf = read_baseline(path)
         gone = sorted(case_id for case_id in case_ids if case_id in bf.cases)
         if gone:
@@ -771,7 +524,7 @@ def remove_cases(path: Path, case_ids: set[str], *, lock_timeout: float = LOCK_T
 def migrate_file(path: Path, *, lock_timeout: float = LOCK_TIMEOUT_S) -> int | None:
     """Rewrite an old-schema file in the current schema; returns the old version, or None if already current."""
     path = Path(path)
-    with locked(path, lock_timeout):
+    with locked(path, lock_timeout, BaselineError):
         bf = read_baseline(path)
         if not bf.exists:
             raise BaselineError(f"{path}: no such baseline file")

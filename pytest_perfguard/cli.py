@@ -15,52 +15,20 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_perfguard.baseline import (
+from .baseline import (
     DEFAULT_FOLDER,
     SCHEMA_VERSION,
     BaselineError,
     BaselineFile,
-    JSONFileError,
-    load_json_text,
     migrate_file,
     parse_baseline,
     read_baseline,
 )
-from pytest_perfguard.results_io import RESULTS_KIND, ResultRecord, ResultsFile, parse_results, read_results
-
-_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
-
-
-def _unit(ns: float) -> tuple[float, str]:
-    for scale, name in _UNITS:
-        if ns >= scale:
-            return scale, name
-    return 1.0, "ns"
-
-
-def _digits(value: float) -> int:
-    """Decimals for about four significant figures."""
-    return 1 if value >= 100 else 2 if value >= 10 else 3
-
-
-def format_time(ns: float, ci: tuple[float, float] | None = None) -> str:
-    """A time in ns as "9.123 µs", with its CI "[9.100, 9.150]" in the same unit."""
-    scale, unit = _unit(ns)
-    digits = _digits(ns / scale)
-    text = f"{ns / scale:.{digits}f} {unit}"
-    if ci is not None:
-        text += f" [{ci[0] / scale:.{digits}f}, {ci[1] / scale:.{digits}f}]"
-    return text
-
-
-def format_ratio(ratio: float | None, ci: tuple[float, float] | None) -> str:
-    """A ratio with its CI, or "-" when no reference was timed."""
-    if ratio is None:
-        return "-"
-    text = f"{ratio:.3f}"
-    if ci is not None:
-        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
-    return text
+from .jsonio import JSONFileError, load_json_text
+from .record import CaseRecord
+from .report import format_ratio, format_time
+from .results_io import RESULTS_KIND, ResultsFile, parse_results, read_results
+from .settings import DEFAULT_MARGIN
 
 
 def device_line(device: dict[str, Any]) -> str:
@@ -148,7 +116,7 @@ def _half_width(ci: tuple[float, float]) -> float:
     return (math.log(ci[1]) - math.log(ci[0])) / 2.0
 
 
-def change_ci(a: ResultRecord, b: ResultRecord) -> tuple[float, tuple[float, float] | None] | None:
+def change_ci(a: CaseRecord, b: CaseRecord) -> tuple[float, tuple[float, float] | None] | None:
     """B/A and an approximate 95% CI: the two CIs' log half-widths combined in quadrature.
 
     None when either side was not timed; the CI is None when either side has none.
@@ -196,7 +164,7 @@ def _compare_rows(
         result = change_ci(ra, rb)
         if result is None:
             untimed = [
-                f"{side} {r.extra.get('outcome') or r.verdict or 'not timed'}"
+                f"{side} {r.verdict or r.outcome}"
                 for side, r in (("A", ra), ("B", rb))
                 if r.median_ns is None
             ]
@@ -205,7 +173,7 @@ def _compare_rows(
             change, ci = result
             change_text = format_ratio(change, ci)
             flag = classify(ci, margin)
-        env_a, env_b = ra.extra.get("env"), rb.extra.get("env")
+        env_a, env_b = ra.env, rb.env
         if isinstance(env_a, dict) and isinstance(env_b, dict) and env_a != env_b:
             flag += " (env differs)"
         slower += flag.startswith("slower")
@@ -326,7 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("a", metavar="A.json")
     compare.add_argument("b", metavar="B.json")
     compare.add_argument(
-        "--margin", type=float, default=0.02, help="relative change that counts (default 0.02 = 2%%)"
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help=f"relative change that counts (default {DEFAULT_MARGIN:g}, the plugin's --perfguard-margin)",
     )
     compare.add_argument(
         "--fail-on-regression", action="store_true", help="exit 1 when any case is slower in B"

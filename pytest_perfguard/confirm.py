@@ -1,26 +1,38 @@
 """Confirm a regression in a fresh process before failing the build on it.
 
-A measured slowdown can belong to the process rather than to the code: what the process did before (on
-an H200, a 4 us Triton kernel ran 8% faster on each fresh process's first inputs and graph than on any
-later ones; benchmarks/placement_probe.py) moves a few-microsecond kernel by several per cent,
-reproducibly within that process. The in-process re-measurement cannot see past such a state; a new process can. So
-a case that is still "regressed" after re-measurement is run once more, alone, in a fresh Python process
-with the same settings and baseline, and fails the build only if it regresses there too.
+A measured slowdown can belong to the process rather than to the code: what the process did before (a
+small Triton kernel ran several per cent faster on each fresh process's first inputs and graph than on any
+later ones; see benchmarks/results/README.md) moves a few-microsecond kernel reproducibly within that
+process. The in-process re-measurement cannot see past such a state; a new process can. So a case that is
+still "regressed" after re-measurement is run once more, alone, in a fresh Python process with the same
+settings and baseline, and fails the build only if it regresses there too. The same check keeps an update
+run whose time moved past the case's threshold from restarting an entry on a process's whim.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from .device import SESSION_PIDS_ENV, session_pids
+from .record import CaseRecord, RecordError, Status
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .baseline import BaselineEntry
+    from .session import SessionState
+    from .verdict import Verdict
+    from .watchdog import Deadline
 
 CHILD_ENV = "PERFGUARD_CONFIRMING"  # set in the fresh process, so it does not confirm again
 MAX_PER_SESSION = 10  # past this many, regressions are real enough: the rest fail unconfirmed
@@ -28,6 +40,26 @@ MAX_PER_SESSION = 10  # past this many, regressions are real enough: the rest fa
 
 def in_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
+
+
+class CaseRun(Protocol):
+    """What a confirmation needs of the runner of the case it confirms."""
+
+    item: pytest.Item
+    state: SessionState
+
+    @property
+    def clock(self) -> Deadline: ...
+
+    def fresh_process_timeout(self) -> float | None: ...
+
+
+@dataclass
+class Confirmation:
+    status: Status
+    info: dict[str, Any] | None = None  # what the fresh process measured, kept in the record
+    note: str = ""  # added to the verdict's notes
+    hold_back: str = ""  # an update run not to fold into the baseline, and why
 
 
 def _plugin_args(config: pytest.Config) -> list[str]:
@@ -42,25 +74,22 @@ def _plugin_args(config: pytest.Config) -> list[str]:
     return out
 
 
-def run_fresh(item: pytest.Item, settings: Any, timeout_s: float | None) -> dict[str, Any] | str:
-    """Run `item` alone in a new process; its record, or why there is none."""
+def run_fresh(item: pytest.Item, settings: Settings, timeout_s: float | None) -> CaseRecord | str:
+    """Run `item` alone in a new process with these settings; its record, or why there is none."""
     config = item.config
     with tempfile.TemporaryDirectory(prefix="perfguard-confirm-") as tmp:
         out = Path(tmp) / "confirm.json"
         env = dict(os.environ)
         env.pop("GITHUB_STEP_SUMMARY", None)
+        env.update(settings.child_env())
         env.update(
             {
                 CHILD_ENV: "1",
                 "PERFGUARD_JSON": str(out),
-                "PERFGUARD_BASELINE_DIR": str(Path(settings.baseline_dir).resolve()),
-                "PERFGUARD_MARGIN": repr(settings.margin),
-                "PERFGUARD_CI_TARGET": repr(settings.ci_target),
-                "PERFGUARD_CASE_BUDGET": repr(settings.case_budget),
-                "PERFGUARD_CASE_TIMEOUT": repr(settings.case_timeout),
                 "PERFGUARD_TOTAL_BUDGET": "0",
                 "PERFGUARD_STRICT": "0",
-                "PERFGUARD_DEVICE": settings.device,
+                "PERFGUARD_ALLOW_MISSING": "1",
+                "PERFGUARD_HTML": "",
                 # This process and its xdist siblings hold a context on the GPU: not foreign load.
                 SESSION_PIDS_ENV: ",".join(str(p) for p in sorted(session_pids())),
             }
@@ -87,4 +116,100 @@ def run_fresh(item: pytest.Item, settings: Any, timeout_s: float | None) -> dict
     mine = [r for r in doc.get("results", []) if r.get("id") == item.nodeid]
     if not mine:
         return f"the fresh process did not run {item.nodeid} (exit {proc.returncode})"
-    return dict(mine[0])
+    try:
+        return CaseRecord.from_json(mine[0])
+    except RecordError as exc:
+        return f"the fresh process wrote a record this version cannot read: {exc}"
+
+
+def _fresh(run: CaseRun) -> tuple[CaseRecord | str, dict[str, Any]] | None:
+    """The case run alone in a fresh process, within the session's cap: None once the cap is reached; else
+    the child's record (or why there is none) and what to keep of it in this record's "confirmation"."""
+    state = run.state
+    if state.confirmations >= MAX_PER_SESSION:
+        return None
+    state.confirmations += 1
+    t0 = time.monotonic()
+    with run.clock.paused():  # the fresh process has its own deadline
+        child = run_fresh(run.item, state.settings, run.fresh_process_timeout())
+    spent = round(time.monotonic() - t0, 1)
+    if isinstance(child, str):
+        return child, {"error": child, "elapsed_s": spent}
+    info: dict[str, Any] = {
+        "verdict": child.verdict.value if child.verdict else None,
+        "median_ns": child.median_ns,
+        "ci_ns": list(child.ci_ns) if child.ci_ns else None,
+        "ratio": child.ratio,
+        "gates": child.gates,
+        "reasons": child.reasons,
+        "elapsed_s": spent,
+    }
+    return child, info
+
+
+def confirm_regression(run: CaseRun, verdict: Verdict) -> Confirmation:
+    """The verdict stays "regressed" only if the case regresses in a fresh process too; a regression seen in
+    one process alone becomes inconclusive. When no confirmation can be had, the regression stands."""
+    if not run.state.settings.confirm or in_child():
+        return Confirmation(Status.REGRESSED)
+
+    def noted(status: Status, info: dict[str, Any] | None, text: str, first: bool = False) -> Confirmation:
+        verdict.notes.insert(0 if first else len(verdict.notes), text)
+        return Confirmation(status, info, text)
+
+    fresh = _fresh(run)
+    if fresh is None:
+        return noted(Status.REGRESSED, None, f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
+    child, info = fresh
+    if isinstance(child, str):
+        return noted(Status.REGRESSED, info, f"confirmation failed, the regression stands: {child}")
+    first = next((g.reason for g in verdict.gates if g.status is Status.REGRESSED and g.reason), "regressed")
+    again = next((g.get("reason") for g in child.gates if g.get("status") == Status.REGRESSED), None)
+    if child.verdict is Status.REGRESSED:
+        return noted(Status.REGRESSED, info, f"confirmed in a fresh process: {again or 'regressed'}")
+    shown = next((g.get("reason") for g in child.gates if g.get("gate") in ("ab", "baseline")), None)
+    text = (
+        f"not confirmed: {first} in this process, but {child.verdict} in a fresh one"
+        + (f" ({shown})" if shown else "")
+        + ": a process-dependent time, not judged"
+    )
+    return noted(Status.INCONCLUSIVE, info, text, first=True)
+
+
+def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict: Verdict) -> Confirmation:
+    """An update run whose time moved past the case's threshold from the stored centre would restart the
+    case's entry (a changed kernel: see baseline.merge_entry). A slow or fast process can do that on its
+    own, and would throw away the runs the centre was made of. So the case is measured against the stored
+    entry in a fresh process: if it passes there, this run was the process, not the kernel, and it is held
+    back from the baseline; otherwise the change stands and the entry restarts."""
+    limit = run.state.policy().delta(stored.noise)
+    moved = math.log(median_ns / stored.median_ns)
+    status = verdict.status
+    if abs(moved) <= math.log1p(limit) or not run.state.settings.confirm or in_child():
+        return Confirmation(status)
+    here = f"{math.expm1(moved) * 100:+.1f}%"
+    fresh = _fresh(run)
+    if fresh is None:
+        verdict.notes.append(
+            f"moved {here} from the stored time; not checked in a fresh process ({MAX_PER_SESSION} confirmations "
+            "already run): its entry restarts as a changed kernel"
+        )
+        return Confirmation(status)
+    child, info = fresh
+    if isinstance(child, str):
+        verdict.notes.append(f"moved {here}; the fresh-process check failed ({child}): its entry restarts")
+        return Confirmation(status, info)
+    there = child.median_ns
+    there_txt = f"{(there / stored.median_ns - 1) * 100:+.1f}%" if there else "?"
+    if child.verdict is Status.PASS:  # within the same threshold of the stored time, in a fresh process
+        why = (
+            f"moved {here} from the stored time in this process but {there_txt} (pass) in a fresh one: the "
+            f"process, not the kernel; this run is not folded into the baseline (its {stored.runs} run(s) kept)"
+        )
+        verdict.notes.insert(0, why)
+        return Confirmation(status, info, hold_back=why)
+    verdict.notes.append(
+        f"moved {here} from the stored time here and {there_txt} ({child.verdict}) in a fresh process: "
+        "a changed kernel, its entry restarts"
+    )
+    return Confirmation(status, info)

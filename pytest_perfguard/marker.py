@@ -63,6 +63,7 @@ class PerfCase:
     max_ratio: float | None = None
     clock: Clock | None = None
     against_name: str = field(default="against")
+    against_backend: Callable[..., str] | None = None
 
 
 def _as_list(req: Requirement | Sequence[Requirement] | None) -> list[Requirement]:
@@ -157,6 +158,7 @@ def perf_case(
     seeds: int = 3,
     max_ratio: float | None = None,
     clock: Clock | None = None,
+    against_backend: Callable[..., str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Guards every variant of a kernel: one test item per variant and parametrization.
 
@@ -167,7 +169,9 @@ def perf_case(
     against: timed interleaved with each variant (the ratio gate). tolerance: dtype -> dict(atol, rtol,
     native_factor). flops: FLOP count from the test's parameters (by name), for TFLOP/s. seeds: number of
     correctness trials (at least 3). max_ratio: default ratio limit to `against`. clock: a nanosecond
-    clock for the CPU timer, for testing the guard itself.
+    clock for the CPU timer, for testing the guard itself. against_backend: called with a case's inputs,
+    names the implementation `against` dispatches to (e.g. SDPA's flash or cuDNN backend); it is stored
+    with the baseline, and a change of it makes the baseline "not comparable".
     """
     if not isinstance(variants, Mapping) or not variants:
         raise TypeError("perf_case(variants=...) must be a non-empty dict of name -> callable or Variant")
@@ -180,6 +184,8 @@ def perf_case(
         raise TypeError("perf_case(reference=...) must be callable: the float64 correctness oracle")
     if against is not None and not callable(against):
         raise TypeError("perf_case(against=...) must be callable or None")
+    if against_backend is not None and not callable(against_backend):
+        raise TypeError("perf_case(against_backend=...) must be callable: it takes the inputs and names a backend")
     if flops is not None and not callable(flops):
         raise TypeError("perf_case(flops=...) must be a callable taking the test's parameters by name")
     if not isinstance(seeds, int) or seeds < 3:
@@ -196,6 +202,7 @@ def perf_case(
         seeds=seeds,
         max_ratio=max_ratio,
         clock=clock,
+        against_backend=against_backend,
         against_name=getattr(against, "__name__", "against") if against is not None else "against",
     )
 
@@ -220,7 +227,8 @@ def perf_case(
             raise TypeError(f"{fn.__name__}: a perf_case test takes named parameters only (no *args/**kwargs)")
         wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])  # type: ignore[attr-defined]
         del wrapper.__wrapped__  # pytest must see the new signature, not the factory's
-        marked: Callable[..., Any] = getattr(pytest.mark, MARK_NAME)(case)(wrapper)
+        # the factory travels with the mark: the A/B gate calls a base revision's twin of it
+        marked: Callable[..., Any] = getattr(pytest.mark, MARK_NAME)(case, factory=fn)(wrapper)
         return marked
 
     return decorate

@@ -13,22 +13,45 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .baseline import write_text_atomic
-from .results_io import ResultsError
+from .jsonio import write_text_atomic
+from .record import CaseRecord
+from .results_io import RESULTS_KIND, RESULTS_SCHEMA_VERSION, ResultsError
 
-RESULTS_SCHEMA = 1
+_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
 
 
-def fmt_time(ns: float | None) -> str:
+def _unit(ns: float) -> tuple[float, str]:
+    for scale, name in _UNITS:
+        if ns >= scale:
+            return scale, name
+    return 1.0, "ns"
+
+
+def _digits(value: float) -> int:
+    """Decimals for about four significant figures."""
+    return 1 if value >= 100 else 2 if value >= 10 else 3
+
+
+def format_time(ns: float | None, ci: tuple[float, float] | None = None) -> str:
+    """A time in ns as "9.123 µs", with its CI "[9.100, 9.150]" in the same unit; "-" for none."""
     if ns is None or not math.isfinite(ns):
         return "-"
-    if ns < 1e3:
-        return f"{ns:.1f} ns"
-    if ns < 1e6:
-        return f"{ns / 1e3:.2f} us"
-    if ns < 1e9:
-        return f"{ns / 1e6:.3f} ms"
-    return f"{ns / 1e9:.3f} s"
+    scale, unit = _unit(ns)
+    digits = _digits(ns / scale)
+    text = f"{ns / scale:.{digits}f} {unit}"
+    if ci is not None:
+        text += f" [{ci[0] / scale:.{digits}f}, {ci[1] / scale:.{digits}f}]"
+    return text
+
+
+def format_ratio(ratio: float | None, ci: tuple[float, float] | None) -> str:
+    """A ratio with its CI, or "-" when no reference was timed."""
+    if ratio is None:
+        return "-"
+    text = f"{ratio:.3f}"
+    if ci is not None:
+        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return text
 
 
 def _pm(center: float | None, ci: Sequence[float | None] | None, unit: str = "%") -> str:
@@ -38,15 +61,8 @@ def _pm(center: float | None, ci: Sequence[float | None] | None, unit: str = "%"
     return f"±{half:.1f}{unit}"
 
 
-def _gate(record: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
-    for g in record.get("gates") or []:
-        if g.get("gate") == name:
-            return dict(g)
-    return None
-
-
-def _delta(record: Mapping[str, Any]) -> str:
-    g = _gate(record, "baseline")
+def _delta(record: CaseRecord, gate: str) -> str:
+    g = record.gate(gate)
     if g is None:
         return "-"
     if g.get("estimate") is None:
@@ -58,41 +74,40 @@ def _delta(record: Mapping[str, Any]) -> str:
     return f"{est:+.1f}% [{(ci[0] - 1) * 100:+.1f}, {(ci[1] - 1) * 100:+.1f}]"
 
 
-def _mde(record: Mapping[str, Any]) -> str:
+def _mde(record: CaseRecord) -> str:
     """The smallest slowdown of the kernel that the case fails on 95% of the time: its better gate's, or the
     time gate's alone for a variant timed against itself (verdict.case_mde)."""
-    mde = record.get("mde")
-    return "-" if mde is None else f"{mde * 100:+.1f}%"
+    return "-" if record.mde is None else f"{record.mde * 100:+.1f}%"
 
 
-def rows(records: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+def rows(records: Iterable[CaseRecord]) -> list[list[str]]:
     out = []
-    for r in sorted(records, key=lambda r: str(r.get("id"))):
-        if r.get("median_ns") is None:
-            why = "; ".join(r.get("reasons") or []) or r.get("verdict", r.get("outcome", ""))
-            out.append([r.get("test", ""), r.get("variant", ""), _shape(r), "-", "-", "-", "-", "-", _short(str(why))])
+    ab = any(r.gate("ab") is not None for r in records)
+    for r in sorted(records, key=lambda r: r.id):
+        if r.median_ns is None:
+            why = "; ".join(r.reasons) or str(r.verdict or r.outcome)
+            out.append([r.test, r.variant, _shape(r), "-", "-", "-", "-", *(["-"] if ab else []), "-", _short(why)])
             continue
-        ratio = r.get("ratio")
-        rci = r.get("ratio_ci")
         out.append(
             [
-                r.get("test", ""),
-                r.get("variant", ""),
+                r.test,
+                r.variant,
                 _shape(r),
-                f"{fmt_time(r['median_ns'])} {_pm(r['median_ns'], r.get('ci_ns'))}",
+                f"{format_time(r.median_ns)} {_pm(r.median_ns, r.ci_ns)}",
                 _tflops(r),
-                f"{ratio:.3f} [{rci[0]:.3f}, {rci[1]:.3f}]" if ratio is not None and rci else "-",
-                _delta(r),
+                format_ratio(r.ratio, r.ratio_ci),
+                _delta(r, "baseline"),
+                *([_delta(r, "ab")] if ab else []),
                 _mde(r),
-                str(r.get("verdict", "")),
+                str(r.verdict or ""),
             ]
         )
     return out
 
 
-def _tflops(r: Mapping[str, Any]) -> str:
+def _tflops(r: CaseRecord) -> str:
     """TFLOP/s with the interval that the time's interval implies (the FLOP count is exact)."""
-    t, flops, ci = r.get("tflops"), r.get("flops"), r.get("ci_ns")
+    t, flops, ci = r.tflops, r.flops, r.ci_ns
     if not t:
         return "-"
     if not flops or not ci or not ci[0] or not ci[1]:
@@ -100,36 +115,56 @@ def _tflops(r: Mapping[str, Any]) -> str:
     return f"{t:.3g} [{flops / ci[1] / 1e3:.3g}, {flops / ci[0] / 1e3:.3g}]"
 
 
-HEADERS = ["case", "variant", "shape", "time ± CI", "TFLOP/s [95% CI]", "ratio vs against [95% CI]", "Δ vs baseline [95% CI]", "MDE (95%)", "verdict"]
+HEADERS = [
+    "case",
+    "variant",
+    "shape",
+    "time ± CI",
+    "TFLOP/s [95% CI]",
+    "ratio vs against [95% CI]",
+    "Δ vs baseline [95% CI]",
+    "MDE (95%)",
+    "verdict",
+]
+AB_HEADER = "Δ vs base rev [95% CI]"
 
 
-def _shape(r: Mapping[str, Any]) -> str:
-    params = r.get("params") or {}
-    return ",".join(f"{k}={v}" for k, v in params.items()) if params else str(r.get("workload_desc", ""))
+def _shape(r: CaseRecord) -> str:
+    return ",".join(f"{k}={v}" for k, v in r.params.items()) if r.params else str(r.workload_desc or "")
 
 
 def _short(text: str, n: int = 70) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def table(records: Iterable[Mapping[str, Any]], fmt: str = "simple") -> str:
-    return tabulate(rows(records), headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+def table(records: Iterable[CaseRecord], fmt: str = "simple") -> str:
+    records = list(records)
+    headers = list(HEADERS)
+    if any(r.gate("ab") is not None for r in records):
+        headers.insert(7, AB_HEADER)
+    return tabulate(rows(records), headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
-def markdown(records: Sequence[Mapping[str, Any]], device: Mapping[str, Any], footer: Sequence[str]) -> str:
+def markdown(records: Sequence[CaseRecord], device: Mapping[str, Any], footer: Sequence[str]) -> str:
     head = f"### perfguard: {device.get('name')} (torch {device.get('torch')})\n\n"
     body = table(records, fmt="github") + "\n"
     tail = "".join(f"\n- {line}" for line in footer)
     return head + body + (tail + "\n" if tail else "")
 
 
-def results_document(records: Sequence[Mapping[str, Any]], device: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
+def results_document(
+    records: Sequence[CaseRecord],
+    device: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    run: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
-        "schema_version": RESULTS_SCHEMA,
-        "kind": "perfguard-results",
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "kind": RESULTS_KIND,
         "device": dict(device),
+        "run": dict(run or {}),
         "summary": dict(summary),
-        "results": [dict(r) for r in sorted(records, key=lambda r: str(r.get("id")))],
+        "results": [r.to_json() for r in sorted(records, key=lambda r: r.id)],
     }
 
 

@@ -1,10 +1,9 @@
 """Reading results files (``--perfguard-json``), strictly, for ``perfguard compare`` and CI scripts.
 
 Layout: ``{"schema_version": 1, "kind": "perfguard-results", "device": {...}, "results": [record, ...]}``.
-Every record has ``id`` and ``variant``. A timed record (``median_ns`` not null) also has ``ci_ns`` and
-``blocks``; ``workload_desc``, ``ratio``, ``ratio_ci``, ``stop_reason``, ``tflops``, ``verdict`` and
-``reasons`` may be absent or null in a record that was skipped or failed before timing. Other keys
-(``outcome``, ``env``, ``gates``, ...) are kept in ``extra``.
+Every record is a `CaseRecord` (record.py) and has ``id`` and ``variant``. A timed record (``median_ns``
+not null) also has ``ci_ns`` and ``blocks``; the other fields may be absent or null in a record that was
+skipped or failed before timing. A field this version does not know is an error naming it.
 """
 
 from __future__ import annotations
@@ -14,56 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pytest_perfguard.baseline import (
-    JSONFileError,
-    _check_device,
-    _integer,
-    _interval,
-    _Invalid,
-    _number,
-    _string,
-    load_json_text,
-)
+from .baseline import check_device
+from .jsonio import Invalid, JSONFileError, integer, interval, load_json_text, number, string
+from .record import CaseRecord, RecordError
 
 RESULTS_SCHEMA_VERSION = 1
 RESULTS_KIND = "perfguard-results"
-_FIELDS = (
-    "id",
-    "variant",
-    "workload_desc",
-    "median_ns",
-    "ci_ns",
-    "ratio",
-    "ratio_ci",
-    "blocks",
-    "stop_reason",
-    "tflops",
-    "verdict",
-    "reasons",
-)
 
 
 class ResultsError(JSONFileError):
     """A results file that cannot be used; the message names the file, the record and the problem."""
 
 
-@dataclass(frozen=True)
-class ResultRecord:
-    """One case of one run; the timing fields are None for a case that was not timed."""
-
-    id: str
-    variant: str
-    workload_desc: str
-    median_ns: float | None
-    ci_ns: tuple[float, float] | None
-    ratio: float | None
-    ratio_ci: tuple[float, float] | None
-    blocks: int | None
-    stop_reason: str | None
-    tflops: float | None
-    verdict: str | None
-    reasons: list[str]
-    extra: dict[str, Any] = field(default_factory=dict)
+ResultRecord = CaseRecord  # the name this module's readers used before records were one type
 
 
 @dataclass
@@ -72,9 +34,10 @@ class ResultsFile:
 
     path: Path
     device: dict[str, Any]
-    results: list[ResultRecord]
+    results: list[CaseRecord]
+    run: dict[str, Any] = field(default_factory=dict)
 
-    def by_id(self) -> dict[str, ResultRecord]:
+    def by_id(self) -> dict[str, CaseRecord]:
         """Records keyed by case id (ids are unique in a valid file)."""
         return {record.id: record for record in self.results}
 
@@ -85,50 +48,44 @@ def _optional_interval(
     if value is None:
         return None
     if centre is None:
-        raise _Invalid(f"field {name!r} must be null when {centre_name!r} is null")
-    return _interval(value, name, centre, centre_name)
+        raise Invalid(f"field {name!r} must be null when {centre_name!r} is null")
+    return interval(value, name, centre, centre_name)
 
 
-def _optional_string(value: Any, name: str) -> str | None:
-    return None if value is None else _string(value, name)
-
-
-def _record(obj: Any) -> ResultRecord:
+def _record(obj: Any) -> CaseRecord:
     if not isinstance(obj, dict):
-        raise _Invalid(f"a record must be a JSON object, got {type(obj).__name__}")
+        raise Invalid(f"a record must be a JSON object, got {type(obj).__name__}")
     for key in ("id", "variant"):
         if key not in obj:
-            raise _Invalid(f"missing field {key!r}")
-    case_id = _string(obj["id"], "id")
-    if not case_id:
-        raise _Invalid("field 'id' must not be empty")
+            raise Invalid(f"missing field {key!r}")
+    if not string(obj["id"], "id"):
+        raise Invalid("field 'id' must not be empty")
+    string(obj["variant"], "variant")
     median_raw = obj.get("median_ns")
-    median = None if median_raw is None else _number(median_raw, "median_ns", positive=True)
+    median = None if median_raw is None else number(median_raw, "median_ns", positive=True)
     if median is not None:
         for key in ("ci_ns", "blocks"):
             if obj.get(key) is None:
-                raise _Invalid(f"timed record (median_ns set) is missing field {key!r}")
-    ratio = None if obj.get("ratio") is None else _number(obj["ratio"], "ratio", positive=True)
+                raise Invalid(f"timed record (median_ns set) is missing field {key!r}")
+    ratio = None if obj.get("ratio") is None else number(obj["ratio"], "ratio", positive=True)
     reasons = obj.get("reasons") or []
     if not isinstance(reasons, list) or not all(isinstance(reason, str) for reason in reasons):
-        raise _Invalid(f"field 'reasons' must be a list of strings, got {json.dumps(reasons)[:60]}")
-    blocks = obj.get("blocks")
-    tflops = obj.get("tflops")
-    return ResultRecord(
-        id=case_id,
-        variant=_string(obj["variant"], "variant"),
-        workload_desc=_optional_string(obj.get("workload_desc"), "workload_desc") or "",
-        median_ns=median,
-        ci_ns=_optional_interval(obj.get("ci_ns"), "ci_ns", median, "median_ns"),
-        ratio=ratio,
-        ratio_ci=_optional_interval(obj.get("ratio_ci"), "ratio_ci", ratio, "ratio"),
-        blocks=None if blocks is None else _integer(blocks, "blocks", 0),
-        stop_reason=_optional_string(obj.get("stop_reason"), "stop_reason"),
-        tflops=None if tflops is None else _number(tflops, "tflops", nonneg=True),
-        verdict=_optional_string(obj.get("verdict"), "verdict"),
-        reasons=list(reasons),
-        extra={key: value for key, value in obj.items() if key not in _FIELDS},
-    )
+        raise Invalid(f"field 'reasons' must be a list of strings, got {json.dumps(reasons)[:60]}")
+    _optional_interval(obj.get("ci_ns"), "ci_ns", median, "median_ns")
+    _optional_interval(obj.get("ratio_ci"), "ratio_ci", ratio, "ratio")
+    if obj.get("blocks") is not None:
+        integer(obj["blocks"], "blocks", 0)
+    if obj.get("tflops") is not None:
+        number(obj["tflops"], "tflops", nonneg=True)
+    for key in ("workload_desc", "stop_reason", "verdict"):
+        if obj.get(key) is not None:
+            string(obj[key], key)
+    data = {k: v for k, v in obj.items() if v is not None}
+    data["reasons"] = list(reasons)
+    try:
+        return CaseRecord.from_json(data)
+    except (RecordError, TypeError) as exc:
+        raise Invalid(str(exc)) from None
 
 
 def parse_results(path: Path, obj: Any) -> ResultsFile:
@@ -156,25 +113,28 @@ def parse_results(path: Path, obj: Any) -> ResultsFile:
     if version < RESULTS_SCHEMA_VERSION:
         bad(f"schema {version} is not a results schema this version reads")
     try:
-        device = _check_device(obj.get("device"))
-    except _Invalid as exc:
+        device = check_device(obj.get("device"))
+    except Invalid as exc:
         bad(str(exc))
     raw = obj.get("results")
     if not isinstance(raw, list):
         bad(f"'results' must be a JSON list, got {type(raw).__name__}")
-    records: list[ResultRecord] = []
+    records: list[CaseRecord] = []
     seen: set[str] = set()
     for index, item in enumerate(raw):
         label = item.get("id") if isinstance(item, dict) and isinstance(item.get("id"), str) else f"#{index}"
         try:
             record = _record(item)
-        except _Invalid as exc:
+        except Invalid as exc:
             bad(f"record {label!r}: {exc}")
         if record.id in seen:
             bad(f"record {record.id!r} appears twice")
         seen.add(record.id)
         records.append(record)
-    return ResultsFile(path=path, device=device, results=records)
+    run = obj.get("run") or {}
+    if not isinstance(run, dict):
+        bad(f"'run' must be a JSON object, got {type(run).__name__}")
+    return ResultsFile(path=path, device=device, results=records, run=run)
 
 
 def read_results(path: Path) -> ResultsFile:

@@ -232,6 +232,11 @@ class MeasureConfig:
     warmup_calls: int = 3
     confidence: float = 0.95
     max_copy_bytes: int = 1 << 30  # memory cap for the input copies a sample rotates through
+    # With a base side (A/B): every `recapture_every` blocks all sides are prepared anew (new graphs on new
+    # allocations), in a random order. Placement moves a small kernel's time by more than its in-capture
+    # noise, so the head/base ratio is judged on these groups, and its interval includes placement.
+    recapture_every: int = 2
+    min_groups: int = 16
 
 
 @dataclass
@@ -251,10 +256,25 @@ class Measurement:
     elapsed_s: float
     wall_ratio: float  # median wall / device time per call (1.0 on CPU)
     notes: list[str] = field(default_factory=list)
+    base_blocks: list[float] | None = None  # the base revision's twin, timed in the same blocks
+    groups: list[int] | None = None  # the capture group of each block (A/B)
 
     @property
     def blocks(self) -> int:
         return len(self.variant_blocks)
+
+    def ab_ratios(self) -> list[float]:
+        """Head/base per capture group: the geometric mean of the group's block ratios."""
+        if self.base_blocks is None or self.groups is None:
+            return []
+        return group_ratios(self.variant_blocks, self.base_blocks, self.groups)
+
+
+def group_ratios(head: Sequence[float], base: Sequence[float], groups: Sequence[int]) -> list[float]:
+    sums: dict[int, list[float]] = {}
+    for h, b, g in zip(head, base, groups, strict=True):
+        sums.setdefault(g, []).append(math.log(h / b))
+    return [math.exp(sum(v) / len(v)) for _, v in sorted(sums.items())]
 
 
 def choose_reps(single_ns: float, cfg: MeasureConfig, bytes_per_copy: int) -> int:
@@ -284,89 +304,85 @@ def measure(
     bytes_per_copy: int = 0,
     rng: random.Random | None = None,
     on_block: Callable[[], str | None] | None = None,
+    base: Callable[[int], Call] | None = None,
 ) -> Measurement:
-    """Times `variant` (and `against`, interleaved) until the CI is narrow enough or the budget is spent.
+    """Times `variant` (and `against`, and `base`, interleaved) until the CIs are narrow enough or the
+    budget is spent.
 
-    `variant(i)` and `against(i)` return a zero-argument call that runs on input copy `i`; both sides
-    use the same copies, so the per-block ratio compares like with like. `on_block` may report a
-    disturbance (throttling, another process); it is recorded and makes the caller treat the result
-    as inconclusive.
+    `variant(i)`, `against(i)` and `base(i)` return a zero-argument call that runs on input copy `i`; all
+    sides use the same copies, so the per-block ratios compare like with like. `base` is the same variant
+    at another revision (the A/B gate). `on_block` may report a disturbance (throttling, another process);
+    it is recorded and makes the caller treat the result as inconclusive.
     """
     rng = rng or random.Random()
     t_start = timer.now_ns()
     budget_ns = cfg.budget_s * 1e9
+    makers: dict[str, Callable[[int], Call]] = {"v": variant}
+    if against is not None:
+        makers["a"] = against
+    if base is not None:
+        makers["b"] = base
 
     # Warm-up outside the measurement: JIT, autotune, lazy module loading, allocator growth.
-    first_v = variant(0)
-    first_a = against(0) if against is not None else None
+    firsts = {side: make(0) for side, make in makers.items()}
     for _ in range(cfg.warmup_calls):
-        first_v()
-        if first_a is not None:
-            first_a()
-    single = min(timer.single_call_ns(first_v) for _ in range(3))
-    if first_a is not None:
-        single = max(single, min(timer.single_call_ns(first_a) for _ in range(3)))
+        for call in firsts.values():
+            call()
+    single = max(min(timer.single_call_ns(call) for _ in range(3)) for call in firsts.values())
     reps = copies if copies is not None else choose_reps(single, cfg, bytes_per_copy)
     # Slow calls get fewer samples per block, so min_blocks blocks still fit the budget where possible.
-    sides = 2 if against is not None else 1
-    per_block_ns = single * reps * sides
+    per_block_ns = single * reps * len(makers)
     spb = int(max(1, min(cfg.samples_per_block, budget_ns // max(cfg.min_blocks * per_block_ns, 1.0))))
+    every = cfg.recapture_every if base is not None else 0
+    min_blocks = max(cfg.min_blocks, cfg.min_groups * every) if every else cfg.min_blocks
 
-    sample_v = timer.prepare([variant(i) for i in range(reps)])
-    sample_a = timer.prepare([against(i) for i in range(reps)]) if against is not None else None
-    sample_v()  # one discarded sample each: first replays pay for lazy setup
-    if sample_a is not None:
-        sample_a()
+    def prepare() -> dict[str, PreparedSample]:
+        order = list(makers)
+        rng.shuffle(order)  # capture and allocation order: no side is always first
+        prepared = {side: timer.prepare([makers[side](i) for i in range(reps)]) for side in order}
+        for side in order:
+            prepared[side]()  # one discarded sample each: first replays pay for lazy setup
+        return prepared
 
-    v_blocks: list[float] = []
-    a_blocks: list[float] | None = [] if sample_a is not None else None
+    samples = prepare()
+    blocks: dict[str, list[float]] = {side: [] for side in makers}
+    groups: list[int] = []
     wall_ratios: list[float] = []
     notes: list[str] = []
     stop_reason = "max_blocks"
-    log_t: Interval | None = None
-    log_r: Interval | None = None
-    while len(v_blocks) < cfg.max_blocks:
-        sv: list[float] = []
-        sa: list[float] = []
+    while len(blocks["v"]) < cfg.max_blocks:
+        n = len(blocks["v"])
+        if every and n and n % every == 0:
+            samples = prepare()
+        per_side: dict[str, list[float]] = {side: [] for side in makers}
         for _ in range(spb):
-            order = [0, 1] if sample_a is not None else [0]
+            order = list(makers)
             rng.shuffle(order)
             for side in order:
-                if side == 0:
-                    s = sample_v()
-                    sv.append(s.device_ns)
-                    if s.device_ns > 0:
-                        wall_ratios.append(s.wall_ns / s.device_ns)
-                else:
-                    assert sample_a is not None
-                    sa.append(sample_a().device_ns)
-        v_blocks.append(statistics.median(sv))
-        if a_blocks is not None:
-            a_blocks.append(statistics.median(sa))
+                s = samples[side]()
+                per_side[side].append(s.device_ns)
+                if side == "v" and s.device_ns > 0:
+                    wall_ratios.append(s.wall_ns / s.device_ns)
+        for side in makers:
+            blocks[side].append(statistics.median(per_side[side]))
+        groups.append(n // every if every else 0)
         if on_block is not None:
             problem = on_block()
             if problem and problem not in notes:
                 notes.append(problem)
-        n = len(v_blocks)
+        n += 1
         spent = timer.now_ns() - t_start
-        if n >= cfg.min_blocks and spent >= cfg.min_time_s * 1e9:
-            log_t, log_r = _intervals(v_blocks, a_blocks, cfg.confidence)
-            narrow = relative_half_width(log_t) <= cfg.target and (
-                log_r is None or relative_half_width(log_r) <= cfg.target
-            )
-            if narrow:
-                stop_reason = "target"
-                break
-        if spent >= budget_ns and n >= min(cfg.min_blocks, 6):
+        if n >= min_blocks and spent >= cfg.min_time_s * 1e9 and _narrow(blocks, groups, cfg):
+            stop_reason = "target"
+            break
+        if spent >= budget_ns and n >= min(min_blocks, 6):
             stop_reason = "budget"
             break
-    if log_t is None or len(v_blocks) != log_t.n:
-        log_t, log_r = _intervals(v_blocks, a_blocks, cfg.confidence)
+    log_t, log_r = _intervals(blocks["v"], blocks.get("a"), cfg.confidence)
     elapsed = (timer.now_ns() - t_start) / 1e9
-    wall_ratio = statistics.median(wall_ratios) if wall_ratios else 1.0
     return Measurement(
-        variant_blocks=v_blocks,
-        against_blocks=a_blocks,
+        variant_blocks=blocks["v"],
+        against_blocks=blocks.get("a"),
         time=log_t.exp(),
         ratio=log_r.exp() if log_r is not None else None,
         log_time=log_t,
@@ -374,11 +390,27 @@ def measure(
         stop_reason=stop_reason,
         reps=reps,
         samples_per_block=spb,
-        mode=getattr(sample_v, "mode", timer.kind),
+        mode=getattr(samples["v"], "mode", timer.kind),
         elapsed_s=elapsed,
-        wall_ratio=wall_ratio,
+        wall_ratio=statistics.median(wall_ratios) if wall_ratios else 1.0,
         notes=notes,
+        base_blocks=blocks.get("b"),
+        groups=groups if base is not None else None,
     )
+
+
+def _narrow(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfig) -> bool:
+    """Every interval the verdict needs is under the target: time, ratio, and head/base."""
+    log_t, log_r = _intervals(blocks["v"], blocks.get("a"), cfg.confidence)
+    if relative_half_width(log_t) > cfg.target:
+        return False
+    if log_r is not None and relative_half_width(log_r) > cfg.target:
+        return False
+    if "b" in blocks:
+        ab = group_ratios(blocks["v"], blocks["b"], groups)
+        if len(ab) < 2 or relative_half_width(log_interval(ab, cfg.confidence)) > cfg.target:
+            return False
+    return True
 
 
 def pooled(first: Measurement, second: Measurement, confidence: float) -> Measurement:
@@ -389,6 +421,11 @@ def pooled(first: Measurement, second: Measurement, confidence: float) -> Measur
         if first.against_blocks is not None and second.against_blocks is not None
         else None
     )
+    b = groups = None
+    if first.base_blocks is not None and second.base_blocks is not None:
+        b = first.base_blocks + second.base_blocks
+        offset = max(first.groups or [0]) + 1
+        groups = (first.groups or []) + [g + offset for g in second.groups or []]
     log_t, log_r = _intervals(v, a, confidence)
     return Measurement(
         variant_blocks=v,
@@ -404,6 +441,8 @@ def pooled(first: Measurement, second: Measurement, confidence: float) -> Measur
         elapsed_s=first.elapsed_s + second.elapsed_s,
         wall_ratio=max(first.wall_ratio, second.wall_ratio),
         notes=first.notes + [n for n in second.notes if n not in first.notes],
+        base_blocks=b,
+        groups=groups,
     )
 
 

@@ -36,17 +36,27 @@ from typing import Any
 from scipy import stats as _sp
 
 from .baseline import CENTER_WINDOW, NOISE_K, BaselineEntry, case_threshold
+from .record import Status
+from .settings import DEFAULT_MARGIN
 from .stats import Interval, combine_difference, log_interval
 
-PASS = "pass"
-FASTER = "faster"
-REGRESSED = "regressed"
-INCONCLUSIVE = "inconclusive"
-NOT_COMPARABLE = "not comparable"
-NO_BASELINE = "no baseline"
+PASS = Status.PASS
+FASTER = Status.FASTER
+REGRESSED = Status.REGRESSED
+INCONCLUSIVE = Status.INCONCLUSIVE
+NOT_COMPARABLE = Status.NOT_COMPARABLE
+NO_BASELINE = Status.NO_BASELINE
+_ORDER = (
+    Status.REGRESSED,
+    Status.INCONCLUSIVE,
+    Status.NOT_COMPARABLE,
+    Status.NO_BASE,
+    Status.NEW,
+    Status.NO_BASELINE,
+    Status.FASTER,
+    Status.PASS,
+)
 
-# Set from the measured A/A rates on an H200 (benchmarks/results/h200_2026-11-21): 0.31% false alarms at 5%.
-DEFAULT_MARGIN = 0.05
 # The probability of catching a slowdown at which the minimum detectable effect is reported.
 MDE_POWER = 0.95
 
@@ -76,8 +86,8 @@ class Policy:
 
 @dataclass
 class Gate:
-    name: str  # "baseline", "ratio", "max_ratio"
-    status: str
+    name: str  # "baseline", "ratio", "max_ratio", "ab"
+    status: Status
     estimate: float | None = None  # ratio scale: now/baseline, ratio/baseline ratio, or ratio
     lo: float | None = None
     hi: float | None = None
@@ -102,21 +112,26 @@ class Verdict:
     gates: list[Gate] = field(default_factory=list)
     disturbances: list[str] = field(default_factory=list)  # throttling, other processes: never a regression
     notes: list[str] = field(default_factory=list)  # informational
+    # The gates that decide the case; the others are reported only. Under --perfguard-against the head/base
+    # gate decides (with max_ratio): a stored number from another process would bring its drift back.
+    deciding: frozenset[str] | None = None
+
+    def deciding_gates(self) -> list[Gate]:
+        return [g for g in self.gates if self.deciding is None or g.name in self.deciding]
 
     @property
-    def status(self) -> str:
-        order = [REGRESSED, INCONCLUSIVE, NOT_COMPARABLE, NO_BASELINE, FASTER, PASS]
-        statuses = {g.status for g in self.gates}
+    def status(self) -> Status:
+        statuses = {g.status for g in self.deciding_gates()}
         if self.disturbances and REGRESSED in statuses:
             return INCONCLUSIVE  # a disturbed measurement never fails the build
-        for s in order:
+        for s in _ORDER:
             if s in statuses:
                 return s
         return PASS
 
     @property
     def needs_remeasure(self) -> bool:
-        return any(g.status in (REGRESSED, INCONCLUSIVE) for g in self.gates)
+        return any(g.status in (REGRESSED, INCONCLUSIVE) for g in self.deciding_gates())
 
 
 def _rescale(half_width: float, to_confidence: float) -> float:
@@ -165,7 +180,9 @@ def case_mde(gates: Sequence[Gate], *, variant_is_against: bool) -> float | None
     return min(seeing, default=None)
 
 
-def _judge(name: str, diff: Interval, report: Interval, tau: float, what: str) -> Gate:
+def _judge(
+    name: str, diff: Interval, report: Interval, tau: float, what: str, than: str = "the baseline", hint: str = "; update it"
+) -> Gate:
     """diff: decision interval (log scale); report: the 95% interval shown to people (log scale)."""
     gate = Gate(
         name,
@@ -182,7 +199,7 @@ def _judge(name: str, diff: Interval, report: Interval, tau: float, what: str) -
         gate.reason = f"{what} {pct:+.1f}% ({ci}), beyond the {math.expm1(tau) * 100:.1f}% margin"
     elif diff.hi < -tau:
         gate.status = FASTER
-        gate.reason = f"{what} {pct:+.1f}% ({ci}): faster than the baseline by more than the margin; update it"
+        gate.reason = f"{what} {pct:+.1f}% ({ci}): faster than {than} by more than the margin{hint}"
     elif diff.hi < tau:
         gate.status = PASS
         gate.reason = f"{what} {pct:+.1f}% ({ci})"
@@ -278,3 +295,20 @@ def _max_ratio_gate(log_r: Interval, log_r_dec: Interval, max_ratio: float) -> G
     else:
         status, reason = INCONCLUSIVE, f"{shown} straddles max_ratio {max_ratio:g}"
     return Gate("max_ratio", status, r.estimate, r.lo, r.hi, max_ratio, reason)
+
+
+def ab_gate(group_ratios: Sequence[float], policy: Policy, margin: float) -> Gate:
+    """Head against its base revision, measured in the same blocks: the per-capture-group ratios decide.
+    No stored figure enters, so no between-run noise either: the margin only has to cover what differs
+    between two loaded copies of the same code (placement), which the groups sample."""
+    tau = math.log1p(margin)
+    shown = log_interval(group_ratios)
+    dec = log_interval(group_ratios, policy.decision_confidence)
+    gate = _judge("ab", dec, shown, tau, "time vs base revision", than="the base revision", hint="")
+    gate.mde = minimum_detectable_effect(dec, tau, 0.0, 1, confirm=policy.confirm)
+    return gate
+
+
+def unpaired_gate(status: Status, reason: str) -> Gate:
+    """The A/B gate of a case without a usable twin at the base revision."""
+    return Gate("ab", status, reason=reason)

@@ -34,6 +34,7 @@ from pytest_perfguard.baseline import (
     update_baseline,
     write_baseline,
 )
+from pytest_perfguard.jsonio import lock_file
 
 DEVICE: dict[str, Any] = {
     "slug": "nvidia-h100-80gb-hbm3",
@@ -667,7 +668,7 @@ def test_update_refuses_bad_existing_file(tmp_path: Path) -> None:
 
 def test_update_lock_timeout(tmp_path: Path) -> None:
     path = tmp_path / "dev.json"
-    with FileLock(str(path) + ".lock"), pytest.raises(BaselineError, match="could not lock"):
+    with FileLock(str(lock_file(path))), pytest.raises(BaselineError, match="could not lock"):
         update_baseline(path, DEVICE, {"a": entry("a")}, noise_floor=0.0, lock_timeout=0.2)
     assert not path.exists()
 
@@ -701,7 +702,8 @@ def test_concurrent_updates_lose_nothing(tmp_path: Path, same_case: bool) -> Non
     else:
         assert len(bf.cases) == 40
         assert all(f"w{w}::case{i}" in bf.cases for w in range(4) for i in range(10))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dev.json", "dev.json.lock"]
+    # the lock lives outside the folder: nothing but the baseline is left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dev.json"]
 
 
 # ------------------------------------------------------------------------------------ migration, stale

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from pytest_perfguard.baseline import BaselineEntry, BaselineFile, read_baseline, write_baseline
-from pytest_perfguard.cli import change_ci, classify, format_ratio, format_time, main
-from pytest_perfguard.results_io import ResultRecord, ResultsError, read_results
+from pytest_perfguard.cli import change_ci, classify, main
+from pytest_perfguard.record import CaseRecord
+from pytest_perfguard.report import format_ratio, format_time
+from pytest_perfguard.results_io import ResultsError, read_results
 
 DEVICE: dict[str, Any] = {
     "slug": "nvidia-h100-80gb-hbm3",
@@ -101,12 +103,8 @@ def test_format_time_units() -> None:
 
 
 def test_change_ci_combines_log_half_widths() -> None:
-    a = ResultRecord(
-        "x", "v", "", 1000.0, (1000 * math.exp(-0.03), 1000 * math.exp(0.03)), None, None, 1, "", None, "", []
-    )
-    b = ResultRecord(
-        "x", "v", "", 1100.0, (1100 * math.exp(-0.04), 1100 * math.exp(0.04)), None, None, 1, "", None, "", []
-    )
+    a = CaseRecord("x", variant="v", median_ns=1000.0, ci_ns=(1000 * math.exp(-0.03), 1000 * math.exp(0.03)), blocks=1)
+    b = CaseRecord("x", variant="v", median_ns=1100.0, ci_ns=(1100 * math.exp(-0.04), 1100 * math.exp(0.04)), blocks=1)
     result = change_ci(a, b)
     assert result is not None
     change, ci = result
@@ -221,7 +219,7 @@ def compare_files(tmp_path: Path, b_device: dict[str, Any] | None = None) -> tup
 
 def test_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = compare_files(tmp_path)
-    status, out, _ = run(capsys, "compare", str(a), str(b))
+    status, out, _ = run(capsys, "compare", str(a), str(b), "--margin", "0.02")
     assert status == 0
     lines = {line.split()[0]: line for line in out.splitlines() if line.split()}
     assert lines["slower"].rstrip().endswith("slower")
@@ -238,7 +236,7 @@ def test_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_compare_fail_on_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = compare_files(tmp_path)
-    status, _, _ = run(capsys, "compare", str(a), str(b), "--fail-on-regression")
+    status, _, _ = run(capsys, "compare", str(a), str(b), "--fail-on-regression", "--margin", "0.02")
     assert status == 1
     status, _, _ = run(capsys, "compare", str(a), str(a), "--fail-on-regression")
     assert status == 0
@@ -349,7 +347,8 @@ def test_read_results_duplicate_id_and_extras(tmp_path: Path) -> None:
         tmp_path / "r.json", [record("x", 1.0, env={"a": "b"}, correctness={"max_err": 0.001})]
     )
     results = read_results(path)
-    assert results.results[0].extra == {"env": {"a": "b"}, "correctness": {"max_err": 0.001}}
+    assert results.results[0].env == {"a": "b"}
+    assert results.results[0].correctness == {"max_err": 0.001}
 
 
 # ------------------------------------------------------------------------------------ migrate / validate
@@ -413,3 +412,11 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["compare", "only-one.json"])
     assert info.value.code == 2
     capsys.readouterr()
+
+
+def test_compare_defaults_to_the_plugins_margin() -> None:
+    from pytest_perfguard.cli import build_parser
+    from pytest_perfguard.settings import BY_NAME
+
+    args = build_parser().parse_args(["compare", "a.json", "b.json"])
+    assert args.margin == BY_NAME["margin"].default == 0.05

@@ -1,0 +1,294 @@
+"""Every setting of the plugin, in one table: its name, type, default, help and check.
+
+From the table come the command-line options, the `PERFGUARD_*` environment variables, the
+`perfguard_*` ini keys, the hand-off to a fresh confirmation process and the README's options table (a
+test fails when the README disagrees). One precedence rule: command line > environment > ini > default,
+and a bad value names where it came from.
+
+Relative paths: a path given on the command line or in the environment is relative to the directory pytest
+was started in (as pytest's own `--junitxml` and file arguments are); one set in the ini file is relative
+to the ini file's folder, and a default is relative to the rootdir (as pytest resolves `testpaths`). So the
+same baseline is found from any working directory, from xdist workers and from a fresh process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+DEFAULT_MARGIN = 0.05  # the A/A rates behind it: benchmarks/results/README.md
+DEFAULT_AB_MARGIN = 0.02  # head vs base in one process: see benchmarks/results/README.md
+
+
+def _fraction(value: float) -> None:
+    if not 0 < value < 1:
+        raise ValueError("expected a fraction between 0 and 1 (0.02 means 2%)")
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise ValueError("expected a positive number of seconds")
+
+
+def _device(value: str) -> None:
+    if not (value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit())):
+        raise ValueError("expected auto, cpu, cuda or cuda:N")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One setting. `kind` is bool, int, float, path or str; `cli_only` settings have no env variable or ini key
+    (they say what to do in this run, not how the project is configured)."""
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    check: Callable[[Any], None] | None = None
+    cli_only: bool = False
+    flag: str = ""  # the command-line option, when it is not --perfguard-<name>
+
+    @property
+    def option(self) -> str:
+        if self.flag:
+            return self.flag
+        if self.kind == "bool" and self.default is True:
+            return "--perfguard-no-" + self.name.replace("_", "-")
+        return "--perfguard-" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "PERFGUARD_" + self.name.upper()
+
+    @property
+    def ini(self) -> str:
+        return "perfguard_" + self.name
+
+    @property
+    def dest(self) -> str:
+        return "perfguard_" + self.name
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("enabled", "bool", False, "time every perf case against its reference and apply the gates",
+         cli_only=True, flag="--perfguard"),
+    Spec("update", "bool", False, "measure and record baselines (implies --perfguard)", cli_only=True,
+         flag="--perfguard-update-baseline"),
+    Spec("prune", "bool", False, "with --perfguard-update-baseline: remove stored cases that were not collected",
+         cli_only=True),
+    Spec("seed", "int", None, "use seeds N, N+1, ... instead of fresh random ones (to reproduce a failure)",
+         cli_only=True),
+    Spec("against", "str", None,
+         "git revision to compare with, in the same process: each variant is timed against its twin at REV "
+         "(the A/B gate)"),
+    Spec("ab_margin", "float", DEFAULT_AB_MARGIN, "margin of the A/B gate (head vs base revision)", _fraction),
+    Spec("baseline_dir", "path", ".ci/baselines", "folder of the per-device baseline JSON files"),
+    Spec("margin", "float", DEFAULT_MARGIN,
+         "regression margin of the baseline and ratio gates; never below 4x the stored between-run noise",
+         _fraction),
+    Spec("ci_target", "float", 0.01, "stop measuring a case once the 95% CI half-width is under this fraction",
+         _fraction),
+    Spec("case_budget", "float", 5.0, "seconds of measurement per case (per re-measurement)", _positive),
+    Spec("total_budget", "float", 0.0, "seconds of measurement for the whole run; 0 = unlimited"),
+    Spec("case_timeout", "float", 900.0,
+         "seconds one case may run before the session ends with TIMEOUT (hung kernel); 0 = none"),
+    Spec("confirm", "bool", True,
+         "re-run a regressed case once in a fresh process and fail only if it regresses there too"),
+    Spec("json", "path", None, "write every result to this JSON file"),
+    Spec("html", "path", None, "write a self-contained HTML report to this file"),
+    Spec("strict", "bool", False,
+         "fail on a missing baseline or base, an incomparable one, or an inconclusive verdict"),
+    Spec("allow_missing", "bool", False,
+         "under CI, do not fail a run in which no case was compared with a baseline or base revision"),
+    Spec("require_gpu", "bool", False, "fail, not skip, when a variant needs a GPU that is not there"),
+    Spec("device", "str", "auto", "where to run: auto (CUDA if available), cpu, cuda, cuda:N", _device),
+)
+BY_NAME: Mapping[str, Spec] = {s.name: s for s in SPECS}
+
+
+@dataclass
+class Settings:
+    """The resolved settings of one run (`device` is the concrete device, never "auto")."""
+
+    enabled: bool = False
+    update: bool = False
+    prune: bool = False
+    seed: int | None = None
+    against: str | None = None
+    ab_margin: float = DEFAULT_AB_MARGIN
+    baseline_dir: Path = Path(".ci/baselines")
+    margin: float = DEFAULT_MARGIN
+    ci_target: float = 0.01
+    case_budget: float = 5.0
+    total_budget: float = 0.0
+    case_timeout: float = 900.0
+    confirm: bool = True
+    json: Path | None = None
+    html: Path | None = None
+    strict: bool = False
+    allow_missing: bool = False
+    require_gpu: bool = False
+    device: str = "cpu"
+    alpha: float = 0.05
+    explicit: frozenset[str] = frozenset()  # the settings given on the command line, env or ini
+
+    @property
+    def json_path(self) -> Path | None:
+        return self.json
+
+    def child_env(self) -> dict[str, str]:
+        """The environment that gives a fresh process these settings (paths absolute)."""
+        out: dict[str, str] = {}
+        for spec in SPECS:
+            if spec.cli_only:
+                continue
+            value = getattr(self, spec.name)
+            if value is None:
+                continue
+            if spec.kind == "bool":
+                out[spec.env] = "1" if value else "0"
+            elif spec.kind == "path":
+                out[spec.env] = str(Path(value).resolve())
+            else:
+                out[spec.env] = repr(value) if spec.kind == "float" else str(value)
+        return out
+
+
+def shown(path: Path) -> str:
+    """A path as people want to read it: relative to the working directory when it is under it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def convert(raw: Any, spec: Spec) -> Any:
+    """A raw value (string from the environment or ini, or a parsed option) as the setting's type."""
+    if spec.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+    value: Any
+    if spec.kind == "int":
+        value = int(raw)
+    elif spec.kind == "float":
+        value = float(raw)
+        if not value >= 0 or value == float("inf"):
+            raise ValueError("expected a finite number >= 0")
+    elif spec.kind == "path":
+        value = Path(str(raw))
+    else:
+        value = str(raw)
+    if spec.check is not None:
+        spec.check(value)
+    return value
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perfguard", "correctness and performance guard for kernels")
+    for spec in SPECS:
+        where = "" if spec.cli_only else f" (env {spec.env}, ini {spec.ini})"
+        if spec.kind == "int":
+            group.addoption(spec.option, dest=spec.dest, default=None, type=int, metavar="N", help=spec.help)
+        elif spec.kind == "bool" and spec.default is True:
+            group.addoption(spec.option, action="store_false", dest=spec.dest, default=None,
+                            help=f"do not {spec.help}{where}")
+        elif spec.kind == "bool":
+            group.addoption(spec.option, action="store_true", dest=spec.dest, default=None, help=spec.help + where)
+        else:
+            shown = "none" if spec.default is None else spec.default
+            group.addoption(spec.option, dest=spec.dest, default=None, metavar=spec.name.upper(),
+                            help=f"{spec.help}{where}; default {shown}")
+        if not spec.cli_only:
+            if spec.kind == "bool":
+                parser.addini(spec.ini, spec.help, type="bool", default=spec.default)
+            else:
+                parser.addini(spec.ini, spec.help, type="string", default=spec.default)
+
+
+def _source(config: pytest.Config, spec: Spec) -> tuple[Any, str, Path | None]:
+    """The raw value, where it came from, and the folder a relative path in it is relative to."""
+    cli = config.getoption(spec.dest)
+    invoked = config.invocation_params.dir
+    if cli is not None:
+        return cli, spec.option, invoked
+    if spec.cli_only:
+        return None, "default", config.rootpath
+    if spec.env in os.environ:
+        return os.environ[spec.env], f"environment variable {spec.env}", invoked
+    raw = config.getini(spec.ini)
+    if raw not in (None, "") and raw != spec.default:
+        folder = config.inipath.parent if config.inipath is not None else config.rootpath
+        return raw, f"ini option {spec.ini} in {config.inipath}", folder
+    return None, "default", config.rootpath
+
+
+def resolve(config: pytest.Config, spec: Spec) -> Any:
+    """CLI > env > ini > default; a relative path is made absolute (see the module docstring)."""
+    raw, source, folder = _source(config, spec)
+    if raw is None or raw == "":
+        value = spec.default
+        if spec.kind == "path" and value is not None:
+            value = Path(value)
+    else:
+        try:
+            value = convert(raw, spec)
+        except ValueError as exc:
+            raise pytest.UsageError(f"Invalid value {raw!r} from {source}: {exc}") from None
+    if isinstance(value, Path) and not value.is_absolute() and folder is not None:
+        value = folder / value
+    return value
+
+
+def from_config(config: pytest.Config) -> Settings:
+    """All settings of this run, except the concrete device (the plugin picks it)."""
+    values = {spec.name: resolve(config, spec) for spec in SPECS}
+    explicit = frozenset(spec.name for spec in SPECS if _source(config, spec)[1] != "default")
+    values["enabled"] = bool(values["enabled"]) or bool(values["update"]) or bool(values["against"])
+    if values["prune"] and not values["update"]:
+        raise pytest.UsageError(
+            "--perfguard-prune only works with --perfguard-update-baseline; add it or drop --perfguard-prune."
+        )
+    if values["update"] and values["against"]:
+        raise pytest.UsageError(
+            "--perfguard-update-baseline records this revision's times; --perfguard-against compares with "
+            "another revision. Run them separately."
+        )
+    wanted = values.pop("device")
+    settings = Settings(**{k: v for k, v in values.items() if k in {f.name for f in fields(Settings)}})
+    settings.device = wanted  # "auto" until the plugin resolves it
+    settings.explicit = explicit
+    return settings
+
+
+def options_table() -> str:
+    """The README's options table, made from SPECS."""
+    rows = ["| option | env / ini | default | meaning |", "|---|---|---|---|"]
+    for spec in SPECS:
+        if spec.name in ("enabled", "update"):
+            continue
+        where = "-" if spec.cli_only else f"`{spec.env}` / `{spec.ini}`"
+        if spec.kind == "bool":
+            default = "on" if spec.default else "off"
+        else:
+            default = "none" if spec.default is None else f"`{spec.default}`"
+        help_text = ("do not " + spec.help) if spec.kind == "bool" and spec.default is True else spec.help
+        rows.append(f"| `{spec.option}` | {where} | {default} | {help_text} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(options_table())

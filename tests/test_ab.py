@@ -1,0 +1,190 @@
+"""The A/B gate end to end: a git repository of two commits, the second slower through the injected clock.
+
+Head and base are timed in the same process on the same input copies. The fake clock lives in a module
+that is not committed, so head and base kernels advance the same clock; everything committed (the
+conftest's kernels, the test module) is imported twice, once per revision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+MODES = {"no-xdist": ["-p", "no:xdist"], "n0": ["-n", "0"], "n2": ["-n", "2"]}
+
+FAKECLOCK = '''
+class FakeClock:
+    """Nanoseconds that only move when a fake kernel runs: shared by head and base."""
+    def __init__(self):
+        self.t = 0
+    def __call__(self):
+        return self.t
+
+CLOCK = FakeClock()
+'''
+
+CONFTEST = '''
+import random
+import torch
+from fakeclock import CLOCK
+
+RNG = random.Random(4321)
+
+def reference(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+_MEMO = {}
+
+def timed(ns, noise=0.01, wrong=False):
+    def kernel(q, k, v):
+        CLOCK.t += int(ns * RNG.lognormvariate(0.0, noise))
+        key = (id(q), id(k), id(v))
+        if key not in _MEMO:
+            _MEMO[key] = (q, k, v, reference(q, k, v))
+        out = _MEMO[key][3].clone()
+        return out * 1.5 if wrong else out
+    return kernel
+'''
+
+TEST = '''
+import pytest
+import torch
+from pytest_perfguard import perf_case
+from fakeclock import CLOCK
+from conftest import reference, timed
+
+@perf_case(
+    variants={{"fast": timed({fast}), "same": timed(1000), "flaky": timed(1000, wrong={wrong}){extra}}},
+    reference=reference,
+    against=timed(1000),
+    clock=CLOCK,
+)
+@pytest.mark.parametrize("S", [8])
+def test_k(S, perfguard_device):
+    q, k, v = (torch.randn(1, 2, S, 16, dtype=torch.float64) for _ in range(3))
+    return (q, k, v), {{}}
+
+@perf_case(variants={{"same": timed(1000)}}, reference=reference, against=timed(1000), clock=CLOCK)
+def test_shape(perfguard_device):
+    q, k, v = (torch.randn(1, 2, {shape}, 16, dtype=torch.float64) for _ in range(3))
+    return (q, k, v), {{}}
+'''
+
+
+def _git(path: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=path, check=True, capture_output=True, text=True,
+        env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+             "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(path), "PATH": os.environ["PATH"]},
+    ).stdout.strip()
+
+
+def _write_test(p: pytest.Pytester, *, fast: int, wrong: bool, extra: str, shape: int) -> None:
+    (p.path / "test_k.py").write_text(TEST.format(fast=fast, wrong=wrong, extra=extra, shape=shape))
+
+
+@pytest.fixture
+def repo(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """Commit 1: the base. Commit 2: `fast` 5% slower, `flaky` fixed, a new variant, `test_shape` reshaped."""
+    monkeypatch.setenv("PERFGUARD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    p = pytester
+    (p.path / "fakeclock.py").write_text(FAKECLOCK)  # not committed: one clock for both revisions
+    (p.path / "conftest.py").write_text(CONFTEST)
+    (p.path / ".gitignore").write_text("fakeclock.py\n__pycache__/\n*.json\nstdout\nstderr\nrunpytest-*\n")
+    _write_test(p, fast=1000, wrong=True, extra="", shape=8)
+    _git(p.path, "init", "-q", "-b", "main")
+    _git(p.path, "add", "-A")
+    _git(p.path, "commit", "-qm", "base")
+    _write_test(p, fast=1050, wrong=False, extra=', "newv": timed(1000)', shape=16)
+    _git(p.path, "commit", "-qam", "head: fast is 5% slower")
+    return p
+
+
+def run(p: pytest.Pytester, mode: list[str], *args: str) -> pytest.RunResult:
+    return p.runpytest_subprocess(*mode, "-p", "no:cacheprovider", "--perfguard-case-budget", "30", *args)
+
+
+def records(p: pytest.Pytester) -> dict[str, dict]:
+    doc = json.loads((p.path / "r.json").read_text())
+    return {r["id"].split("::")[1]: r for r in doc["results"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_against_base_revision_pairs_every_variant(repo: pytest.Pytester, mode: str) -> None:
+    result = run(repo, MODES[mode], "--perfguard-against", "HEAD~1", "--perfguard-json", "r.json")
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["*perfguard: against HEAD~1 (*"])
+    by_id = records(repo)
+    fast = by_id["test_k[fast-8]"]
+    assert fast["verdict"] == "regressed"
+    ab = next(g for g in fast["gates"] if g["gate"] == "ab")
+    assert ab["status"] == "regressed" and 1.03 < ab["estimate"] < 1.07
+    assert "confirmed in a fresh process" in " ".join(fast["reasons"])
+    assert len(fast["base_blocks"]) == len(fast["variant_blocks"])
+    same = by_id["test_k[same-8]"]
+    assert same["verdict"] == "pass"
+    ab_same = next(g for g in same["gates"] if g["gate"] == "ab")
+    assert 0.99 < ab_same["estimate"] < 1.01 and ab_same["mde"] is not None
+    assert by_id["test_k[newv-8]"]["verdict"] == "new"
+    assert "variant 'newv' does not exist at HEAD~1" in by_id["test_k[newv-8]"]["reasons"][0]
+    assert by_id["test_k[flaky-8]"]["verdict"] == "no base"
+    assert "no base: base incorrect" in by_id["test_k[flaky-8]"]["reasons"][0]
+    assert by_id["test_shape[same]"]["verdict"] == "not comparable"
+    assert "the workload differs at HEAD~1" in by_id["test_shape[same]"]["reasons"][0]
+    result.stdout.fnmatch_lines(["*2 of 5 timed case(s) compared with the base revision; not compared: 1 new*"])
+    assert not (repo.path / ".ci").exists()  # the A/B gate writes no baseline
+    assert _git(repo.path, "status", "--porcelain") == ""
+
+
+@pytest.mark.slow
+def test_a_a_against_head_passes_under_xdist(repo: pytest.Pytester) -> None:
+    result = run(repo, MODES["n2"], "--perfguard-against", "HEAD", "--perfguard-json", "r.json")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(["*REV is HEAD and the tree is clean: an A/A run*"])
+    assert all(r["verdict"] == "pass" for r in records(repo).values())
+
+
+@pytest.mark.slow
+def test_uncommitted_work_against_head(repo: pytest.Pytester) -> None:
+    _write_test(repo, fast=1100, wrong=False, extra=', "newv": timed(1000)', shape=16)
+    result = run(repo, MODES["no-xdist"], "--perfguard-against", "HEAD", "--perfguard-no-confirm", "-k", "test_k")
+    result.stdout.fnmatch_lines(["*uncommitted changes against HEAD*", "*time vs base revision +10.*"])
+    result.assert_outcomes(passed=3, failed=1)
+
+
+@pytest.mark.slow
+def test_strict_fails_on_a_case_without_base(repo: pytest.Pytester) -> None:
+    result = run(repo, MODES["no-xdist"], "--perfguard-against", "HEAD~1", "--perfguard-strict", "-k", "newv")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*--perfguard-strict (new)*"])
+
+
+def test_bad_revisions_are_usage_errors(repo: pytest.Pytester) -> None:
+    result = repo.runpytest_inprocess("--perfguard-against", "no-such-branch")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--perfguard-against no-such-branch: unknown git revision*"])
+    clone = repo.path.parent / "shallow"
+    _git(repo.path.parent, "clone", "-q", "--depth", "1", f"file://{repo.path}", str(clone))
+    out = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"], cwd=clone, capture_output=True, text=True
+    ).stdout.strip()
+    assert out == "true"
+    (clone / "fakeclock.py").write_text(FAKECLOCK)
+    result = repo.runpytest_inprocess(str(clone), "--rootdir", str(clone), "--perfguard-against", "HEAD~1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*not in this shallow clone*git fetch*"])
+    assert _git(repo.path, "status", "--porcelain") == ""
+
+
+def test_not_a_repository_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest_inprocess("--perfguard-against", "HEAD~1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*is not in a git repository*"])
