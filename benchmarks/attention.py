@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +39,9 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels import KERNELS
 from kernels.reference import attention_flops, math_attention
 from kernels.sdpa import fastest_backend, sdpa, sdpa_backend
-from kernels.torch_hybrid import torch_hybrid
 from kernels.triton_flash import triton_flash
 
 Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
@@ -80,23 +80,9 @@ class Entry:
 
 
 def load_variants(only: str | None = None) -> dict[str, Entry]:
-    """``kernels.VARIANTS`` when the package defines it, else the Python variants of this repository."""
-    found: dict[str, Entry] = {}
-    try:
-        import kernels
-
-        registered = getattr(kernels, "VARIANTS", None)
-        if isinstance(registered, Mapping):
-            for name, item in registered.items():
-                fn = getattr(item, "fn", item)
-                if callable(fn):
-                    found[str(name)] = Entry(fn, getattr(item, "requires", None))
-    except Exception as exc:
-        print(f"note: kernels.VARIANTS not usable ({_first_line(exc)}); using the Python variants")
-    if not found:
-        found = {"sdpa": Entry(sdpa), "torch_hybrid": Entry(torch_hybrid), "triton_flash": Entry(triton_flash)}
-    found.setdefault("triton_flash", Entry(triton_flash))
-    found.setdefault("math", Entry(math_attention))
+    """Every kernel of ``kernels.KERNELS``, plus the math path; ``unavailable`` skips what cannot run here."""
+    found = {name: Entry(fn) for name, fn in KERNELS.items()}
+    found["math"] = Entry(math_attention)
     if only:
         wanted = only.split(",")
         found = {k: v for k, v in found.items() if k in wanted}

@@ -62,12 +62,12 @@ def _inputs(shape: tuple[int, int, int, int]) -> tuple[torch.Tensor, ...]:
 
 
 def launch(warm_calls: int = 0, graph_calls: int = 0) -> None:
-    from kernels import VARIANTS
+    from kernels import KERNELS
 
     cudart = torch.cuda.cudart()
     for name, shape in CASES:
         copies = [_inputs(shape) for _ in range(8)]
-        fn = VARIANTS[name].fn
+        fn = KERNELS[name]
         fn(*copies[0], True)  # build / JIT outside the profiled range
         torch.cuda.synchronize()
         if graph_calls:
@@ -172,7 +172,7 @@ def isolated_us(fn: Callable[..., torch.Tensor], copies: list[tuple[torch.Tensor
 def _engine() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Per case: the engine's time (us), NVML's median SM clock while it measured (MHz), and the isolated
     launch time (us)."""
-    from kernels import VARIANTS
+    from kernels import KERNELS
     from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
 
     timer = CudaTimer()
@@ -182,7 +182,7 @@ def _engine() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     isolated: dict[str, float] = {}
     for name, shape in CASES:
         copies = [_inputs(shape) for _ in range(8)]
-        fn = VARIANTS[name].fn
+        fn = KERNELS[name]
 
         def call(i: int, fn=fn, copies=copies):
             q, k, v = copies[i % len(copies)]

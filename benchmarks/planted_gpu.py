@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from tabulate import tabulate
 
-from kernels import VARIANTS, sdpa
+from kernels import KERNELS, sdpa
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry, read_baseline
 from pytest_perfguard.runner import NOISE_FLOOR, RATIO_NOISE_FLOOR
@@ -151,7 +151,7 @@ def main() -> int:
     for name, shape in CASES:
         cid = case_id(name, shape)
         stored = base.cases[cid]
-        fn = VARIANTS[name].fn
+        fn = KERNELS[name]
         copies = copies_of(shape)
         calib = Calibrator(fn, copies, timer, cfg)
         for plant in PLANTS:

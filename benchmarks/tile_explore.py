@@ -15,7 +15,7 @@ tile_explore.json there.
 
     PYTHONPATH=. python benchmarks/tile_explore.py [--budget 1.0] [--shapes 4x16x2048,8x16x4096]
 
-``--shipped`` times only the variants as shipped (kernels.VARIANTS' triton_flash and cuda_wmma);
+``--shipped`` times only the variants as shipped (kernels.KERNELS' triton_flash and cuda_wmma);
 ``--against flash`` pairs them with SDPA pinned to one backend instead of its default dispatch (on an
 H100/H200 the default is cuDNN; on an L4, sm_89, torch's dispatcher puts flash first).
 """
@@ -39,7 +39,7 @@ from tabulate import tabulate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kernels import VARIANTS  # noqa: E402
+from kernels import KERNELS  # noqa: E402
 from kernels.sdpa import make_sdpa, sdpa  # noqa: E402
 from kernels.triton_flash import triton_flash  # noqa: E402
 
@@ -135,7 +135,7 @@ def main() -> int:
     timing = bench.Timing(torch.device("cuda"), calls=8, replays=30, budget_s=args.budget, use_engine=True)
     candidates: list[tuple[str, Variant]] = []
     if args.shipped:
-        candidates = [(name, VARIANTS[name].fn) for name in ("triton_flash", "cuda_wmma")]
+        candidates = [(name, KERNELS[name]) for name in ("triton_flash", "cuda_wmma")]
     for path, cfg, kw in [] if args.shipped else TRITON:
         def tfn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: bool, cfg: Any = cfg, kw: Any = kw) -> torch.Tensor:
             return triton_flash(q, k, v, c, config=cfg, **kw)
