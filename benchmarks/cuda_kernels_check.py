@@ -2,7 +2,7 @@
 
 Run from the repository root on a machine with an NVIDIA GPU::
 
-    PYTHONPATH=. python3 benchmarks/cuda_kernels_check.py [--quick] [--no-timing]
+    python3 benchmarks/cuda_kernels_check.py [--quick] [--no-timing]
 
 Correctness: each variant runs on fresh random inputs (seed printed) and is compared with the float64 math
 path; the bound is FlashAttention's rule, max|err| <= 2 * max|err of torch's native-precision math path|
@@ -39,6 +39,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import cuda_ext
 from kernels.reference import attention_flops, math_attention
