@@ -6,10 +6,7 @@ ratios) on the large shapes. Prints one table; with PERFGUARD_RESULTS_DIR set, a
 tile_explore.json there.
 
 * triton_flash: (BLOCK_M, BLOCK_N, warps, stages) with pointer loads or tensor-descriptor loads ("tma").
-  The run recorded in benchmarks/results/h200_2026-11-21/tile_explore.txt also tried "split": half of
-  each unmasked tile's exponentials on the FMA pipes (a degree-3 polynomial for 2^x) instead of the SFU.
-  It was 1.3-1.9x slower on every tile and was removed from the kernel; it is in the commit that added
-  this script.
+  "split" (exponentials on the FMA pipes) was tried and removed: benchmarks/results/h200_2026-11-21, section 11.
 * cuda_wmma: the kernel body of kernels/cuda/flash_mma.cuh instantiated with other tile configurations
   (warps, m-tiles per warp, BLOCK_N, CTAs per SM), built here with ptxas' resource report.
 
