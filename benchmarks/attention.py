@@ -39,6 +39,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._output import output_paths
 from kernels import KERNELS
 from kernels.reference import attention_flops, math_attention
 from kernels.sdpa import fastest_backend, sdpa, sdpa_backend
@@ -481,8 +482,8 @@ def correctness(args: argparse.Namespace) -> dict[str, Any]:
               "rule": "max abs error vs float64 <= 2 x native-precision math error + eps " + str(
                   {str(k).removeprefix("torch."): v for k, v in EPS.items()}),
               "correctness": results}
-    if os.environ.get("PERFGUARD_RESULTS_DIR"):
-        (Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "correctness.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    for path in output_paths("correctness.json"):
+        path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
 
 
@@ -540,9 +541,8 @@ def sweep_only(args: argparse.Namespace) -> dict[str, Any]:
         print("  " + ", ".join(f"{k} {t:.1f}us x{r:.3f}" if r else f"{k} {e[:80]}" for t, k, r, e in ranked))
         del inputs, ref
         torch.cuda.empty_cache()
-        if os.environ.get("PERFGUARD_RESULTS_DIR"):
-            (Path(os.environ["PERFGUARD_RESULTS_DIR"]) / f"sweep_d{args.head_dim}.json").write_text(json.dumps(report, indent=2, sort_keys=True,
-                                                                           default=str) + "\n")
+        for path in output_paths(f"sweep_d{args.head_dim}.json"):
+            path.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     return report
 
 
@@ -566,11 +566,7 @@ def print_shape(row: dict[str, Any]) -> None:
 
 def write_json(report: dict[str, Any], args: argparse.Namespace) -> None:
     text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
-    targets = [Path(args.json)] if args.json else []
-    if os.environ.get("PERFGUARD_RESULTS_DIR"):
-        targets.append(Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "attention.json")
-    for path in targets:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    for path in output_paths("attention.json", args.json):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
@@ -580,7 +576,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
-    p.add_argument("--json", help="write the results as JSON here (also to $PERFGUARD_RESULTS_DIR/attention.json when set)")
+    p.add_argument("--json", help="write the results as JSON here (also to $PERFGUARD_RESULTS_DIR/attention.json when set; "
+                   "default: benchmarks/out/attention.json)")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--no-causal", action="store_true")

@@ -13,7 +13,7 @@ Timing: CUDA events around the replay of a CUDA graph holding N calls (N = 20 fo
 slow ones), median over 30 replays, divided by N; this is device time without host dispatch. SDPA is timed
 the same way with its default dispatch (backend recorded) and each fused backend pinned.
 
-When PERFGUARD_RESULTS_DIR is set, the log and a JSON record are written there.
+The log and a JSON record are written to $PERFGUARD_RESULTS_DIR when set, else to benchmarks/out/.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import io
 import json
 import math
-import os
 import platform
 import re
 import secrets
@@ -43,6 +42,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._output import output_paths
 from kernels import cuda_ext
 from kernels.reference import attention_flops, math_attention
 
@@ -340,17 +340,15 @@ def main() -> int:
 
     tee = Tee()
     sys.stdout = tee
-    out_dir = Path(os.environ["PERFGUARD_RESULTS_DIR"]) if os.environ.get("PERFGUARD_RESULTS_DIR") else None
     record: dict[str, Any] = {"schema_version": 1}
     try:
         rc = run(args, record)
     finally:
         sys.stdout = sys.__stdout__
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "cuda_kernels_check.log").write_text(tee.buf.getvalue())
-            (out_dir / "cuda_kernels_check.json").write_text(
-                json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        for path in output_paths("cuda_kernels_check.log"):
+            path.write_text(tee.buf.getvalue())
+        for path in output_paths("cuda_kernels_check.json"):
+            path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     return rc
 
 

@@ -2,8 +2,8 @@
 
 Each candidate is first checked against float32 math attention on a small shape (causal and not, S = 239
 and 1024), then timed with the project's engine interleaved with SDPA's default backend (paired per-block
-ratios) on the large shapes. Prints one table; with PERFGUARD_RESULTS_DIR set, also writes
-tile_explore.json there.
+ratios) on the large shapes. Prints one table and writes
+tile_explore_<against>.json to $PERFGUARD_RESULTS_DIR when set, else to benchmarks/out/.
 
 * triton_flash: (BLOCK_M, BLOCK_N, warps, stages) with pointer loads or tensor-descriptor loads ("tma").
   "split" (exponentials on the FMA pipes) was tried and removed: benchmarks/results/h200_2026-11-21, section 11.
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from tabulate import tabulate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._output import output_paths  # noqa: E402
 from kernels import KERNELS  # noqa: E402
 from kernels.sdpa import make_sdpa, sdpa  # noqa: E402
 from kernels.triton_flash import triton_flash  # noqa: E402
@@ -175,8 +175,8 @@ def main() -> int:
     print(f"device {doc['device']}; torch {doc['torch']}; {doc['date']}; D=64 fp16 causal; engine-paired ratio to "
           f"SDPA {args.against or 'default'}; err = max|err| vs fp32 math / SDPA-fp16's own")
     print(tabulate(rows, headers=["candidate", "err", *[f"B{b} H{h} S{s}" for b, h, s in shapes]], disable_numparse=True))
-    if os.environ.get("PERFGUARD_RESULTS_DIR"):
-        (Path(os.environ["PERFGUARD_RESULTS_DIR"]) / f"tile_explore_{args.against or 'default'}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    for path in output_paths(f"tile_explore_{args.against or 'default'}.json"):
+        path.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 
