@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._output import output_paths
+from benchmarks._timing import EventTimer, capture, replay_times_ms, warm_up
 from kernels import KERNELS
 from kernels.reference import attention_flops, math_attention
 from kernels.sdpa import fastest_backend, sdpa, sdpa_backend
@@ -250,39 +251,18 @@ class Timing:
                     call()
                 return time.perf_counter() - t0
             return run_cpu
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for call in calls:
-                call()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        warm_up(calls)
+        timer = EventTimer()
         try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for call in calls:
-                    call()
-            torch.cuda.synchronize()
-
-            def run_graph() -> float:
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                return start.elapsed_time(end) * 1e-3
-            return run_graph
+            graph = capture(calls)
+            return lambda: replay_times_ms(graph, 1, timer=timer)[0] * 1e-3
         except Exception:
             torch.cuda.synchronize()
 
-            def run_stream() -> float:
-                start.record()
+            def run_stream() -> None:
                 for call in calls:
                     call()
-                end.record()
-                end.synchronize()
-                return start.elapsed_time(end) * 1e-3
-            return run_stream
+            return lambda: timer(run_stream) * 1e-3
 
 
 # ------------------------------------------------------------------------------------------ the run

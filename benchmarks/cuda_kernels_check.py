@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._output import output_paths
+from benchmarks._timing import EventTimer, capture, replay_times_ms, warm_up
 from kernels import cuda_ext
 from kernels.reference import attention_flops, math_attention
 
@@ -202,35 +203,16 @@ def time_graph(fn: Callable[[], Any], calls: int = 20, replays: int = 30) -> flo
     fn()
     torch.cuda.synchronize()
     # Slow calls: fewer calls per graph and fewer replays, so the scalar kernel does not eat the budget.
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    torch.cuda.synchronize()
-    one = s.elapsed_time(e)
+    timer = EventTimer()
+    one = timer(fn)
     if one > 2.0:
         calls = max(1, min(calls, int(20.0 / one)))
         replays = 5 if one < 50 else 3
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
+    warm_up([fn, fn])
+    g = capture([fn] * calls)
     g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / calls)
+    times = [t / calls for t in replay_times_ms(g, replays, timer=timer)]
     del g
     return statistics.median(times)
 
