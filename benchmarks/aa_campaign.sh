@@ -4,6 +4,7 @@
 # every "regressed" verdict in a guard run is a false alarm. Several calls can share one campaign: with
 # UPDATES=0 the call only adds guard runs against the baseline in .ci/baselines/.
 #   [AA_START=K] bash benchmarks/aa_campaign.sh OUTDIR UPDATES SECONDS [pytest args...]
+# OUTDIR: for example benchmarks/out/aa (git ignores benchmarks/out/).
 # Then: python benchmarks/aa_rejudge.py OUTDIR/<device>.json OUTDIR/aa_{1..N}.json  (numeric order: the
 # fresh-process confirmation is modelled by pairing run i with run i+1)
 set -uo pipefail

@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +39,11 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._output import output_paths
+from benchmarks._timing import EventTimer, capture, replay_times_ms, warm_up
+from kernels import KERNELS
 from kernels.reference import attention_flops, math_attention
 from kernels.sdpa import fastest_backend, sdpa, sdpa_backend
-from kernels.torch_hybrid import torch_hybrid
 from kernels.triton_flash import triton_flash
 
 Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
@@ -80,23 +82,9 @@ class Entry:
 
 
 def load_variants(only: str | None = None) -> dict[str, Entry]:
-    """``kernels.VARIANTS`` when the package defines it, else the Python variants of this repository."""
-    found: dict[str, Entry] = {}
-    try:
-        import kernels
-
-        registered = getattr(kernels, "VARIANTS", None)
-        if isinstance(registered, Mapping):
-            for name, item in registered.items():
-                fn = getattr(item, "fn", item)
-                if callable(fn):
-                    found[str(name)] = Entry(fn, getattr(item, "requires", None))
-    except Exception as exc:
-        print(f"note: kernels.VARIANTS not usable ({_first_line(exc)}); using the Python variants")
-    if not found:
-        found = {"sdpa": Entry(sdpa), "torch_hybrid": Entry(torch_hybrid), "triton_flash": Entry(triton_flash)}
-    found.setdefault("triton_flash", Entry(triton_flash))
-    found.setdefault("math", Entry(math_attention))
+    """Every kernel of ``kernels.KERNELS``, plus the math path; ``unavailable`` skips what cannot run here."""
+    found = {name: Entry(fn) for name, fn in KERNELS.items()}
+    found["math"] = Entry(math_attention)
     if only:
         wanted = only.split(",")
         found = {k: v for k, v in found.items() if k in wanted}
@@ -263,39 +251,18 @@ class Timing:
                     call()
                 return time.perf_counter() - t0
             return run_cpu
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for call in calls:
-                call()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        warm_up(calls)
+        timer = EventTimer()
         try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for call in calls:
-                    call()
-            torch.cuda.synchronize()
-
-            def run_graph() -> float:
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                return start.elapsed_time(end) * 1e-3
-            return run_graph
+            graph = capture(calls)
+            return lambda: replay_times_ms(graph, 1, timer=timer)[0] * 1e-3
         except Exception:
             torch.cuda.synchronize()
 
-            def run_stream() -> float:
-                start.record()
+            def run_stream() -> None:
                 for call in calls:
                     call()
-                end.record()
-                end.synchronize()
-                return start.elapsed_time(end) * 1e-3
-            return run_stream
+            return lambda: timer(run_stream) * 1e-3
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -495,8 +462,8 @@ def correctness(args: argparse.Namespace) -> dict[str, Any]:
               "rule": "max abs error vs float64 <= 2 x native-precision math error + eps " + str(
                   {str(k).removeprefix("torch."): v for k, v in EPS.items()}),
               "correctness": results}
-    if os.environ.get("PERFGUARD_RESULTS_DIR"):
-        (Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "correctness.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    for path in output_paths("correctness.json"):
+        path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
 
 
@@ -554,9 +521,8 @@ def sweep_only(args: argparse.Namespace) -> dict[str, Any]:
         print("  " + ", ".join(f"{k} {t:.1f}us x{r:.3f}" if r else f"{k} {e[:80]}" for t, k, r, e in ranked))
         del inputs, ref
         torch.cuda.empty_cache()
-        if os.environ.get("PERFGUARD_RESULTS_DIR"):
-            (Path(os.environ["PERFGUARD_RESULTS_DIR"]) / f"sweep_d{args.head_dim}.json").write_text(json.dumps(report, indent=2, sort_keys=True,
-                                                                           default=str) + "\n")
+        for path in output_paths(f"sweep_d{args.head_dim}.json"):
+            path.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     return report
 
 
@@ -580,11 +546,7 @@ def print_shape(row: dict[str, Any]) -> None:
 
 def write_json(report: dict[str, Any], args: argparse.Namespace) -> None:
     text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
-    targets = [Path(args.json)] if args.json else []
-    if os.environ.get("PERFGUARD_RESULTS_DIR"):
-        targets.append(Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "attention.json")
-    for path in targets:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    for path in output_paths("attention.json", args.json):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
@@ -594,7 +556,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
-    p.add_argument("--json", help="write the results as JSON here (also to $PERFGUARD_RESULTS_DIR/attention.json when set)")
+    p.add_argument("--json", help="write the results as JSON here (also to $PERFGUARD_RESULTS_DIR/attention.json when set; "
+                   "default: benchmarks/out/attention.json)")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--no-causal", action="store_true")

@@ -2,7 +2,7 @@
 
 Run from the repository root on a machine with an NVIDIA GPU::
 
-    PYTHONPATH=. python3 benchmarks/cuda_kernels_check.py [--quick] [--no-timing]
+    python3 benchmarks/cuda_kernels_check.py [--quick] [--no-timing]
 
 Correctness: each variant runs on fresh random inputs (seed printed) and is compared with the float64 math
 path; the bound is FlashAttention's rule, max|err| <= 2 * max|err of torch's native-precision math path|
@@ -13,7 +13,7 @@ Timing: CUDA events around the replay of a CUDA graph holding N calls (N = 20 fo
 slow ones), median over 30 replays, divided by N; this is device time without host dispatch. SDPA is timed
 the same way with its default dispatch (backend recorded) and each fused backend pinned.
 
-When PERFGUARD_RESULTS_DIR is set, the log and a JSON record are written there.
+The log and a JSON record are written to $PERFGUARD_RESULTS_DIR when set, else to benchmarks/out/.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import io
 import json
 import math
-import os
 import platform
 import re
 import secrets
@@ -40,6 +39,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._output import output_paths
+from benchmarks._timing import EventTimer, capture, replay_times_ms, warm_up
 from kernels import cuda_ext
 from kernels.reference import attention_flops, math_attention
 
@@ -199,35 +203,16 @@ def time_graph(fn: Callable[[], Any], calls: int = 20, replays: int = 30) -> flo
     fn()
     torch.cuda.synchronize()
     # Slow calls: fewer calls per graph and fewer replays, so the scalar kernel does not eat the budget.
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    torch.cuda.synchronize()
-    one = s.elapsed_time(e)
+    timer = EventTimer()
+    one = timer(fn)
     if one > 2.0:
         calls = max(1, min(calls, int(20.0 / one)))
         replays = 5 if one < 50 else 3
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
+    warm_up([fn, fn])
+    g = capture([fn] * calls)
     g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / calls)
+    times = [t / calls for t in replay_times_ms(g, replays, timer=timer)]
     del g
     return statistics.median(times)
 
@@ -337,17 +322,15 @@ def main() -> int:
 
     tee = Tee()
     sys.stdout = tee
-    out_dir = Path(os.environ["PERFGUARD_RESULTS_DIR"]) if os.environ.get("PERFGUARD_RESULTS_DIR") else None
     record: dict[str, Any] = {"schema_version": 1}
     try:
         rc = run(args, record)
     finally:
         sys.stdout = sys.__stdout__
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "cuda_kernels_check.log").write_text(tee.buf.getvalue())
-            (out_dir / "cuda_kernels_check.json").write_text(
-                json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        for path in output_paths("cuda_kernels_check.log"):
+            path.write_text(tee.buf.getvalue())
+        for path in output_paths("cuda_kernels_check.json"):
+            path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     return rc
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The guarded suite on a GPU host, end to end: record a baseline, then guard against it in a fresh
-# process (an A/A rerun: it must pass). Results, logs and the baseline go to OUTDIR.
+# process (an A/A rerun: it must pass). Results, logs and the baseline go to OUTDIR (for example
+# benchmarks/out/gpu_suite, which git ignores).
 #   bash benchmarks/gpu_suite.sh OUTDIR [update|guard|both] [extra pytest args...]
 set -uo pipefail
 out=${1:?usage: gpu_suite.sh OUTDIR [update|guard|both] [pytest args...]}

@@ -11,25 +11,22 @@ Three modes:
                                               profiled by ncu (below); ignores --warm-calls and --graph
 
 A third column times each call alone after the GPU sat idle for 2 ms (caches flushed, events inside a
-one-call graph). On an H200 it read 3-8 us above ncu on every case (a fixed cost of starting a graph on an
-idle GPU, not the kernel), so it bounds nothing; it is kept so that the recorded run can be repeated.
+one-call graph). It includes the fixed cost of starting a graph on an idle GPU, not the kernel, so it bounds
+nothing; it is kept so that the recorded run can be repeated.
 
 Clocks: ncu also reads each launch's cycle count and SM clock (gpc__cycles_elapsed), and NVML samples the
-SM clock every millisecond while the engine measures (a thread beside the engine: the engine's figures
-with it matched the earlier runs without it, e.g. cuda_wmma B4 H16 S2048 at 137.9-139.3 us against
-138.1-138.9 us). "ncu cycles at the engine clock" divides ncu's
-cycles by NVML's clock. On an H200 NVML read 1920-1980 MHz while ncu's counter showed the tensor-core
-kernels at 1650-1825 MHz, so that column shows that NVML does not report the clock a kernel runs at; the
-sweep below compares clocks with ncu's own counter. --warm-calls N runs the variant N times back to back, unprofiled, before each
+SM clock every millisecond while the engine measures (a thread beside the engine, which did not move its
+figures). "ncu cycles at the engine clock" divides ncu's cycles by NVML's clock; that column shows that
+NVML does not report the clock a kernel runs at. The sweep below compares clocks with ncu's own counter. --warm-calls N runs the variant N times back to back, unprofiled, before each
 profiled launch (the GPU busy until ncu takes over). --graph N profiles CUDA graphs of N back-to-back calls as
 one workload each (ncu --graph-profiling graph): ncu then times the calls as the engine runs them, with no
-idle GPU between calls, and its figures are divided by N. A graph carries a fixed start-up cost under ncu
-(~100 us on an H200), so --sweep 8,16,32,64 profiles several sizes and takes the slope over N: the time,
+idle GPU between calls, and its figures are divided by N. A graph carries a fixed start-up cost under ncu, so --sweep 8,16,32,64 profiles several sizes and takes the slope over N: the time,
 cycles and clock of one more back-to-back call, set against a single serialised launch.
 
-The engine runs outside ncu: under ncu, even with profiling off, CUDA-graph replays ran 30-185% slower
-(H200, 2026-11-21), so one process cannot serve both. Two processes can differ by a few percent on their
-own (benchmarks/placement_probe.py), which is part of any difference printed here.
+The engine runs outside ncu: under ncu, even with profiling off, CUDA-graph replays run far slower, so one
+process cannot serve both. Two processes can differ by a few percent on their own
+(benchmarks/placement_probe.py), which is part of any difference printed here.
+Measured results: benchmarks/results/h200_2026-11-21/README.md, sections 5, 10 and 13.
 """
 
 from __future__ import annotations
@@ -62,12 +59,12 @@ def _inputs(shape: tuple[int, int, int, int]) -> tuple[torch.Tensor, ...]:
 
 
 def launch(warm_calls: int = 0, graph_calls: int = 0) -> None:
-    from kernels import VARIANTS
+    from kernels import KERNELS
 
     cudart = torch.cuda.cudart()
     for name, shape in CASES:
         copies = [_inputs(shape) for _ in range(8)]
-        fn = VARIANTS[name].fn
+        fn = KERNELS[name]
         fn(*copies[0], True)  # build / JIT outside the profiled range
         torch.cuda.synchronize()
         if graph_calls:
@@ -172,7 +169,7 @@ def isolated_us(fn: Callable[..., torch.Tensor], copies: list[tuple[torch.Tensor
 def _engine() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Per case: the engine's time (us), NVML's median SM clock while it measured (MHz), and the isolated
     launch time (us)."""
-    from kernels import VARIANTS
+    from kernels import KERNELS
     from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
 
     timer = CudaTimer()
@@ -182,7 +179,7 @@ def _engine() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     isolated: dict[str, float] = {}
     for name, shape in CASES:
         copies = [_inputs(shape) for _ in range(8)]
-        fn = VARIANTS[name].fn
+        fn = KERNELS[name]
 
         def call(i: int, fn=fn, copies=copies):
             q, k, v = copies[i % len(copies)]

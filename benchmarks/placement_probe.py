@@ -28,6 +28,7 @@ def one_process(seed: int) -> list[int]:
     import torch
 
     sys.path.insert(0, str(ROOT))
+    from benchmarks._timing import capture, replay_times_ms, warm_up
     from kernels.triton_flash import triton_flash
 
     torch.manual_seed(seed)
@@ -39,27 +40,10 @@ def one_process(seed: int) -> list[int]:
 
         f()
         torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                f()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                f()
-        flush = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-        out = []
-        for _ in range(n):
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1e6 / reps)
-        return statistics.median(out)
+        warm_up([f] * 3)
+        graph = capture([f] * reps)
+        flush = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")  # after the graph, as recorded
+        return statistics.median(t * 1e6 / reps for t in replay_times_ms(graph, n, flush))
 
     times = []
     for _ in range(10):

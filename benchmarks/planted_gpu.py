@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -39,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from tabulate import tabulate
 
-from kernels import VARIANTS, sdpa
+from benchmarks._output import output_paths
+from kernels import KERNELS, sdpa
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry, read_baseline
 from pytest_perfguard.runner import NOISE_FLOOR, RATIO_NOISE_FLOOR
@@ -151,7 +151,7 @@ def main() -> int:
     for name, shape in CASES:
         cid = case_id(name, shape)
         stored = base.cases[cid]
-        fn = VARIANTS[name].fn
+        fn = KERNELS[name]
         copies = copies_of(shape)
         calib = Calibrator(fn, copies, timer, cfg)
         for plant in PLANTS:
@@ -200,12 +200,8 @@ def main() -> int:
                                   *[f"caught at {m:.0%}" for m in margins], "median s/trial"], disable_numparse=True))
     doc = {"device": props.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "margins": margins,
            "ns_per_cycle": cyc, "rows": out}
-    targets = [args.json]
-    if os.environ.get("PERFGUARD_RESULTS_DIR"):
-        targets.append(Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "planted.json")
-    for path in targets:
-        if path is not None:
-            path.write_text(json.dumps(doc, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x) + "\n")
+    for path in output_paths("planted.json", args.json):
+        path.write_text(json.dumps(doc, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x) + "\n")
     return 0
 
 

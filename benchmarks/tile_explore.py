@@ -2,20 +2,17 @@
 
 Each candidate is first checked against float32 math attention on a small shape (causal and not, S = 239
 and 1024), then timed with the project's engine interleaved with SDPA's default backend (paired per-block
-ratios) on the large shapes. Prints one table; with PERFGUARD_RESULTS_DIR set, also writes
-tile_explore.json there.
+ratios) on the large shapes. Prints one table and writes
+tile_explore_<against>.json to $PERFGUARD_RESULTS_DIR when set, else to benchmarks/out/.
 
 * triton_flash: (BLOCK_M, BLOCK_N, warps, stages) with pointer loads or tensor-descriptor loads ("tma").
-  The run recorded in benchmarks/results/h200_2026-11-21/tile_explore.txt also tried "split": half of
-  each unmasked tile's exponentials on the FMA pipes (a degree-3 polynomial for 2^x) instead of the SFU.
-  It was 1.3-1.9x slower on every tile and was removed from the kernel; it is in the commit that added
-  this script.
+  "split" (exponentials on the FMA pipes) was tried and removed: benchmarks/results/h200_2026-11-21, section 11.
 * cuda_wmma: the kernel body of kernels/cuda/flash_mma.cuh instantiated with other tile configurations
   (warps, m-tiles per warp, BLOCK_N, CTAs per SM), built here with ptxas' resource report.
 
     PYTHONPATH=. python benchmarks/tile_explore.py [--budget 1.0] [--shapes 4x16x2048,8x16x4096]
 
-``--shipped`` times only the variants as shipped (kernels.VARIANTS' triton_flash and cuda_wmma);
+``--shipped`` times only the variants as shipped (kernels.KERNELS' triton_flash and cuda_wmma);
 ``--against flash`` pairs them with SDPA pinned to one backend instead of its default dispatch (on an
 H100/H200 the default is cuDNN; on an L4, sm_89, torch's dispatcher puts flash first).
 """
@@ -25,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +35,8 @@ from tabulate import tabulate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kernels import VARIANTS  # noqa: E402
+from benchmarks._output import output_paths  # noqa: E402
+from kernels import KERNELS  # noqa: E402
 from kernels.sdpa import make_sdpa, sdpa  # noqa: E402
 from kernels.triton_flash import triton_flash  # noqa: E402
 
@@ -135,7 +132,7 @@ def main() -> int:
     timing = bench.Timing(torch.device("cuda"), calls=8, replays=30, budget_s=args.budget, use_engine=True)
     candidates: list[tuple[str, Variant]] = []
     if args.shipped:
-        candidates = [(name, VARIANTS[name].fn) for name in ("triton_flash", "cuda_wmma")]
+        candidates = [(name, KERNELS[name]) for name in ("triton_flash", "cuda_wmma")]
     for path, cfg, kw in [] if args.shipped else TRITON:
         def tfn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: bool, cfg: Any = cfg, kw: Any = kw) -> torch.Tensor:
             return triton_flash(q, k, v, c, config=cfg, **kw)
@@ -178,8 +175,8 @@ def main() -> int:
     print(f"device {doc['device']}; torch {doc['torch']}; {doc['date']}; D=64 fp16 causal; engine-paired ratio to "
           f"SDPA {args.against or 'default'}; err = max|err| vs fp32 math / SDPA-fp16's own")
     print(tabulate(rows, headers=["candidate", "err", *[f"B{b} H{h} S{s}" for b, h, s in shapes]], disable_numparse=True))
-    if os.environ.get("PERFGUARD_RESULTS_DIR"):
-        (Path(os.environ["PERFGUARD_RESULTS_DIR"]) / f"tile_explore_{args.against or 'default'}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    for path in output_paths(f"tile_explore_{args.against or 'default'}.json"):
+        path.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

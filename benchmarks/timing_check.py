@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from tabulate import tabulate
 
+from benchmarks._output import output_paths
 from kernels.reference import math_attention
 from kernels.sdpa import sdpa, sdpa_backend
 from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
@@ -114,9 +114,8 @@ def main() -> int:
                                   "engine A/A us ±CI", "A/A diff", "blocks x reps, stop", "time s", "wall/event", "mode"],
                    disable_numparse=True))
     doc = {"device": props.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": out}
-    for path in [args.json, Path(os.environ["PERFGUARD_RESULTS_DIR"]) / "timing_check.json" if os.environ.get("PERFGUARD_RESULTS_DIR") else None]:
-        if path is not None:
-            path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    for path in output_paths("timing_check.json", args.json):
+        path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return 0
 
 

@@ -14,15 +14,14 @@ Fully masked tiles (right of the diagonal) are never visited. Query rows past S 
 inputs and never stored, which is why any S works (113, 239, 1023 ...). The same source runs under
 ``TRITON_INTERPRET=1`` on CPU tensors, which is how CPU-only CI checks it.
 
-Load paths and options, as measured on H100 (torch 2.11, triton 3.6, 2026-11-21; see
-benchmarks/results/python_kernels_h100_2026-11-21.md):
+Load paths and options (measurements: benchmarks/results/python_kernels_h100_2026-11-21.md):
 
 * pointer loads (cp.async pipelined), autotuned over CONFIGS: the default;
-* tensor-descriptor (TMA) loads over the contiguous (B*H*S, D) view: 10-12% faster than pointer loads at D=128
-  on H100, within +-2% at D=64; so D=128 on Hopper uses TMA with one fixed tile (TMA_FIXED), D=64 does not;
+* tensor-descriptor (TMA) loads over the contiguous (B*H*S, D) view: faster than pointer loads at D=128 only,
+  so D=128 on Hopper uses TMA with one fixed tile (TMA_FIXED), D=64 does not;
 * LAZY rescaling (keep a stale row max until some row's max grows by more than 2^8, skipping most acc/l
-  rescales; exact): 2-17% slower on H100 (the data-dependent branch costs more than it saves), so it is
-  available only with an explicit config and never autotuned.
+  rescales; exact): slower (the data-dependent branch costs more than it saves), so it is available only
+  with an explicit config and never autotuned.
 """
 
 # Triton kernels branch on constexpr flags with if-statements, which read better than ternaries there.
@@ -59,11 +58,10 @@ _HEAD_DIMS = (16, 32, 64, 128)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_M must be a multiple of BLOCK_N (the causal diagonal block
 # is visited as BLOCK_M // BLOCK_N key tiles). Chosen from ptxas reports (64x64 w4 s3, 128x64 w8 s3 and
-# 64x32 w4 s3 have no register spills on sm_90 nor sm_89) and the H100 sweeps of
-# ``benchmarks/attention.py --sweep-only`` (D=64: 64x64 with 4 warps won or tied every grid shape, 128x64 with
-# 8 warps came next on the large ones). Shared memory per program on sm_90: D=64 41-66 KB, D=128 66-131 KB (Hopper
-# has 227 KB); on sm_89 (Ada, L4: 99 KB per block) the same configs need 25-98 KB. A config that does not fit
-# a device fails to compile there and the autotuner drops it.
+# 64x32 w4 s3 have no register spills on sm_90 nor sm_89) and the tile sweep of ``benchmarks/attention.py
+# --sweep-only`` (benchmarks/results/python_kernels_h100_2026-11-21.md). Shared memory per program on sm_90:
+# D=64 41-66 KB, D=128 66-131 KB (Hopper has 227 KB); on sm_89 (Ada, L4: 99 KB per block) the same configs
+# need 25-98 KB. A config that does not fit a device fails to compile there and the autotuner drops it.
 TritonConfig = tuple[int, int, int, int]
 CONFIGS: dict[int, tuple[TritonConfig, ...]] = {
     16: ((64, 64, 4, 3), (128, 64, 8, 3)),
@@ -71,16 +69,15 @@ CONFIGS: dict[int, tuple[TritonConfig, ...]] = {
     64: ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4), (128, 64, 8, 3)),
     128: ((128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)),
 }
-# Head dims that use tensor-descriptor loads with one fixed tile on compute capability >= 9 (measured on H100
-# only) for contiguous, aligned fp16/bf16 inputs, instead of autotuned pointer loads; TRITON_FLASH_TMA=0 turns
-# this off.
+# Head dims that use tensor-descriptor loads with one fixed tile on compute capability >= 9 (timed on an
+# H100 only: benchmarks/results/python_kernels_h100_2026-11-21.md) for contiguous, aligned fp16/bf16 inputs,
+# instead of autotuned pointer loads; TRITON_FLASH_TMA=0 turns this off.
 TMA_FIXED: dict[int, TritonConfig] = {128: (64, 64, 4, 3)}
 # The default without autotuning. The autotuner picks among configs from noisy timings, so two processes
-# could run different kernels: guarded A/A runs on an H200 (2026-11-21) saw triton_flash move 5-10% between
-# processes, more than any other variant. A guarded kernel must be the same kernel in every run, so the
-# default is one fixed config per head dim (the one the autotuner chose at the large grid shapes on the
-# H100 and H200; D=128 with 2 stages so it fits the L4's 99 KB of shared memory); TRITON_FLASH_AUTOTUNE=1
-# brings autotuning back.
+# could run different kernels (A/A runs: benchmarks/results/h200_2026-11-21/README.md, section 3). A guarded
+# kernel must be the same kernel in every run, so the default is one fixed config per head dim (the one the
+# autotuner chose at the large grid shapes on the H100 and H200; D=128 with 2 stages so it fits the L4's
+# 99 KB of shared memory); TRITON_FLASH_AUTOTUNE=1 brings autotuning back.
 DEFAULT_CONFIGS: dict[int, TritonConfig] = {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
                                             128: (64, 64, 4, 2)}
 # float32 inputs (exact products, twice the shared memory): one modest config per head dim, no autotuning.

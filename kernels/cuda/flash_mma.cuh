@@ -41,7 +41,7 @@ struct Cfg {
 };
 
 // The configurations the cuda_wmma and cuda_splitkv entry points use, picked
-// by timing candidates on an H100 (SXM, 2026-11-21):
+// by timing candidates (benchmarks/results/cuda_kernels_h100_2026-11-21.md):
 //  D=64:  4 warps x 32 rows (K/V fragments feed two m-tiles), 2 CTAs/SM.
 //  D=128: causal 4 warps x 16 rows (BM=64, 2 CTAs/SM, finer causal tiles);
 //         non-causal 8 warps x 16 rows (BM=128, 1 CTA/SM).
@@ -52,8 +52,8 @@ struct DefaultCfg<64, kCausal> {
   using type = Cfg<64, 4, 2, 64, 2>;
 };
 // D=64 causal with S <= 1024: 64-row CTAs (4 warps x 16 rows, 4 CTAs/SM) give
-// more, finer-grained CTAs and beat the 128-row tiles there (H100: 0.0255 vs
-// 0.0270 ms at B16 H8 S512, 0.0081 vs 0.0093 ms at B8 H8 S256).
+// more, finer-grained CTAs and beat the 128-row tiles there (timings:
+// benchmarks/results/cuda_kernels_h100_2026-11-21.md).
 using SmallCausalCfg64 = Cfg<64, 4, 1, 64, 4>;
 constexpr int kSmallCausalMaxS = 1024;
 
@@ -448,8 +448,7 @@ cudaError_t launch_flash(const Params<T>& p, int num_splits, cudaStream_t stream
   if (q.group_heads <= 0) {
     // The largest power of two of heads whose K/V fit in half the L2 (all heads
     // when they all fit). Powers of two keep the groups equal on the usual head
-    // counts: on an H100, B4 H16 S2048 D64 causal ran 0.133-0.136 ms with groups
-    // of 32 or 64 heads but 0.161 ms with groups of 50 + 14.
+    // counts, which is faster (benchmarks/results/cuda_kernels_h100_2026-11-21.md).
     int l2 = 0;
     if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0) l2 = 32 << 20;
     const long long kv_bytes = 4LL * p.S * C::D;  // K and V of one head, 16-bit

@@ -8,6 +8,7 @@ time and shown on failure. The Triton kernel runs under the Triton interpreter i
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import os
@@ -302,3 +303,13 @@ def test_triton_unavailable_reason_never_raises() -> None:
 
     reason = unavailable_reason()
     assert reason is None or isinstance(reason, str)
+
+
+def test_kernels_do_not_import_the_plugin() -> None:
+    """kernels/ is the guarded example: plain functions that run without pytest-perfguard installed."""
+    for source in (REPO_ROOT / "kernels").glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n.split(".")[0] == "pytest_perfguard" for n in names), f"{source.name} imports the plugin"

@@ -10,8 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import VARIANTS, attention_flops, math_attention, sdpa
-from pytest_perfguard import perf_case
+from kernels import KERNELS, attention_flops, cuda_ext, math_attention, sdpa, sdpa_backend, triton_flash
+from pytest_perfguard import Variant, perf_case
+
+# What each kernel needs to run; an unmet requirement skips the variant with its reason.
+_CUDA = ["cuda", cuda_ext.unavailable_reason]
+REQUIRES = {
+    "triton_flash": ["cuda", triton_flash.unavailable_reason],
+    **{name: _CUDA for name in cuda_ext.VARIANTS},
+}
+# sdpa is also the reference, timed against itself: an A/A control in every run.
+VARIANTS = {name: Variant(fn, requires=REQUIRES.get(name)) for name, fn in KERNELS.items()}
 
 ON_GPU = torch.cuda.is_available()
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="shape too large for the CPU run; covered on GPU")
@@ -32,6 +41,7 @@ GRID = [
     variants=VARIANTS,
     reference=math_attention,
     against=sdpa,
+    against_backend=sdpa_backend,  # recorded, so a torch upgrade that changes it is "not comparable"
     flops=lambda B, H, S, D: attention_flops(B, H, S, D, causal=True),
 )
 @pytest.mark.parametrize(("B", "H", "S", "D"), GRID)
@@ -57,6 +67,7 @@ SHAPES = [
     variants=VARIANTS,
     reference=math_attention,
     against=sdpa,
+    against_backend=sdpa_backend,  # recorded, so a torch upgrade that changes it is "not comparable"
     flops=lambda B, H, S, D, causal: attention_flops(B, H, S, D, causal=causal),
 )
 @pytest.mark.parametrize(("B", "H", "S", "D", "causal", "dtype"), SHAPES)
