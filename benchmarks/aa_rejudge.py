@@ -44,7 +44,7 @@ from tabulate import tabulate
 
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry, read_baseline
-from pytest_perfguard.runner import NOISE_FLOOR, RATIO_NOISE_FLOOR
+from pytest_perfguard.session import NOISE_FLOOR, RATIO_NOISE_FLOOR
 from pytest_perfguard.stats import log_interval
 
 TARGET_RATE = 0.95  # "caught in >= 95% of trials"

@@ -42,7 +42,7 @@ from benchmarks._output import output_paths
 from kernels import KERNELS, sdpa
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry, read_baseline
-from pytest_perfguard.runner import NOISE_FLOOR, RATIO_NOISE_FLOOR
+from pytest_perfguard.session import NOISE_FLOOR, RATIO_NOISE_FLOOR
 from pytest_perfguard.timing import CudaTimer, MeasureConfig, Measurement, measure, pooled
 
 CASES = [("sdpa", (8, 8, 128, 64)), ("triton_flash", (16, 8, 512, 64)), ("cuda_wmma", (4, 16, 2048, 64)),

@@ -2,7 +2,7 @@
 
 A simulation on a CPU, not a GPU run. Fake kernels advance a fake nanosecond clock by per-launch
 durations resampled from `tests/data/h200_attention_timing_samples.json`, and the plugin's real engine
-(`measure` with `CpuTimer(clock=...)`), real baseline entry (`session._entry` + `merge_entry`), real
+(`measure` with `CpuTimer(clock=...)`), real baseline entry (`session.entry_of` + `merge_entry`), real
 `decide` and the runner's re-measure-once rule judge them. The same simulated runs are then judged by
 the rules people use instead, so every rule sees exactly the same samples.
 
@@ -68,8 +68,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_perfguard import baseline as bl
 from pytest_perfguard.baseline import NOISE_K
-from pytest_perfguard.runner import NOISE_FLOOR, RATIO_NOISE_FLOOR, Settings
-from pytest_perfguard.session import _entry
+from pytest_perfguard.record import CaseRecord
+from pytest_perfguard.session import NOISE_FLOOR, RATIO_NOISE_FLOOR, entry_of
+from pytest_perfguard.settings import Settings
 from pytest_perfguard.timing import (
     Call,
     CpuTimer,
@@ -305,24 +306,24 @@ def _log_quantile(bounds: tuple[float, float], u: float) -> float:
 
 
 def baseline_entry(runs: Sequence[Run]) -> bl.BaselineEntry:
-    """The entry update runs store, built exactly as session.py does (record -> _entry -> merge_entry, in
+    """The entry update runs store, built exactly as session.py does (record -> entry_of -> merge_entry, in
     turn): the runs' geometric-mean time and ratio, their between-run noise folded in."""
     floor = NOISE_FLOOR["cuda"]
     entry: bl.BaselineEntry | None = None
     for run in runs:
         m = run.first
-        record = {
-            "id": "sim::case",
-            "workload": WORKLOAD,
-            "workload_desc": "simulated",
-            "env": ENV,
-            "median_ns": m.time.estimate,
-            "ci_ns": [m.time.lo, m.time.hi],
-            "ratio": m.ratio.estimate if m.ratio else None,
-            "ratio_ci": [m.ratio.lo, m.ratio.hi] if m.ratio else None,
-            "blocks": m.blocks,
-        }
-        entry, _ = bl.merge_entry(entry, _entry(record, floor), floor)
+        record = CaseRecord(
+            id="sim::case",
+            workload=WORKLOAD,
+            workload_desc="simulated",
+            env=dict(ENV),
+            median_ns=m.time.estimate,
+            ci_ns=(m.time.lo, m.time.hi),
+            ratio=m.ratio.estimate if m.ratio else None,
+            ratio_ci=(m.ratio.lo, m.ratio.hi) if m.ratio else None,
+            blocks=m.blocks,
+        )
+        entry, _ = bl.merge_entry(entry, entry_of(record, floor), floor)
     assert entry is not None
     return entry
 
