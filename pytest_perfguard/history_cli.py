@@ -14,7 +14,6 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from pytest_perfguard.baseline import JSONFileError
 from pytest_perfguard.cli import format_ratio, format_time
 from pytest_perfguard.history import (
     DEFAULT_PATH,
@@ -28,6 +27,7 @@ from pytest_perfguard.history import (
     open_history,
     resolve_commit,
 )
+from pytest_perfguard.results_io import ResultsError
 
 PLOT_SUFFIXES = (".png", ".svg")
 PLOT_MAX_CASES = 24
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     """Dispatch a ``history`` subcommand; a bad file or input is one message and exit 1."""
     try:
         status: int = args.history_func(args)
-    except (HistoryError, JSONFileError) as exc:
+    except (HistoryError, ResultsError) as exc:
         _err(str(exc))
         return 1
     return status

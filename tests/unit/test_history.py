@@ -185,6 +185,8 @@ def test_missing_history_and_unknown_case_say_what_to_run(
     hist = tmp_path / "h.sqlite"
     status, _, err = run(capsys, "history", "show", "--history", str(hist))
     assert status == 1 and "perfguard history add RESULTS" in err
+    status, _, err = add(capsys, hist, tmp_path / "missing.json", "a" * 40, "2026-11-23")
+    assert status == 1 and "no such results file" in err
     assert not hist.exists()
     add(capsys, hist, results(tmp_path / "r.json", 9000.0), "a" * 40, "2026-11-23")
     status, _, err = run(capsys, "history", "changes", "--history", str(hist), "-k", "nope")
