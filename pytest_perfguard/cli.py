@@ -311,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check baseline/results files; exit 1 if any is bad")
     validate.add_argument("paths", nargs="+", metavar="PATH")
     validate.set_defaults(func=cmd_validate)
+
+    # Imported here: history_cli uses this module's formatters, so it loads after them.
+    from pytest_perfguard.history_cli import add_history_parser
+
+    add_history_parser(sub)
     return parser
 
 

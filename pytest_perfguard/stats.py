@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats as _sp
 
 # Above this many blocks the exact signed-rank distribution is replaced by its normal approximation.
@@ -53,7 +54,7 @@ def _signed_rank_cdf(n: int) -> tuple[float, ...]:
     for k in range(1, n + 1):
         shifted = np.zeros_like(counts)
         shifted[k:] = counts[:-k] if k <= total else 0.0
-        counts = counts + shifted
+        counts += shifted
     cdf = np.cumsum(counts) / 2.0**n
     return tuple(float(c) for c in cdf)
 
@@ -77,14 +78,14 @@ def signed_rank_critical(n: int, alpha_one_sided: float) -> int:
     return max(-1, math.floor(total / 2.0 - z * sd - 0.5))
 
 
-def walsh_averages(x: Sequence[float] | np.ndarray) -> np.ndarray:
+def walsh_averages(x: Sequence[float] | npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """All pairwise means (x_i + x_j) / 2 for i <= j, sorted."""
     a = np.asarray(x, dtype=np.float64)
     i, j = np.triu_indices(a.size)
     return np.sort((a[i] + a[j]) / 2.0)
 
 
-def hodges_lehmann(x: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+def hodges_lehmann(x: Sequence[float] | npt.NDArray[np.float64], confidence: float = 0.95) -> Interval:
     """Hodges-Lehmann estimate with the Wilcoxon signed-rank interval.
 
     With too few observations for the requested confidence the interval is the whole real line, so a
@@ -103,7 +104,7 @@ def hodges_lehmann(x: Sequence[float] | np.ndarray, confidence: float = 0.95) ->
     return Interval(estimate, float(w[c]), float(w[w.size - 1 - c]), confidence, int(a.size))
 
 
-def log_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+def log_interval(values: Sequence[float] | npt.NDArray[np.float64], confidence: float = 0.95) -> Interval:
     """Hodges-Lehmann interval of log(values); positive values only (times, ratios)."""
     a = np.asarray(values, dtype=np.float64)
     if np.any(a <= 0) or not np.all(np.isfinite(a)):

