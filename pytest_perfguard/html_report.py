@@ -59,7 +59,12 @@ VARIANT_COLORS = (
     "#bcbd22",
     "#17becf",
 )
-_PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["toImage"]}
+_PLOT_CONFIG = {
+    "displaylogo": False,
+    "displayModeBar": "hover",
+    "responsive": True,
+    "modeBarButtonsToRemove": ["toImage"],
+}
 
 
 class ReportDependencyError(RuntimeError):
@@ -159,7 +164,7 @@ def _forest(
             "y": [label for label, _, _, _ in points],
             "mode": "markers+text" if labels else "markers",
             "textposition": "top center",
-            "text": [fmt_change(est, g.ci) for _, g, _, est in points] if labels else None,
+            "text": [fmt_change(est) for _, _, _, est in points] if labels else None,
             "marker": {"color": [_color(g.status) for _, g, _, _ in points], "size": 8, "symbol": "diamond"},
             "error_x": {
                 "type": "data",
@@ -401,7 +406,10 @@ def case_figure(case: Case) -> Figure | None:
             zeroline=False,
             title={"text": "gates: change (95% CI)"},
         )
-        layout["yaxis2" if series else "yaxis"] = _axis(anchor=x, type="category", autorange="reversed")
+        # First gate on top; room above each row for its label.
+        layout["yaxis2" if series else "yaxis"] = _axis(
+            anchor=x, type="category", range=[len(gates) - 0.6, -0.8]
+        )
         layout["shapes"].append(_vline(x))
     return {"data": data, "layout": layout}
 

@@ -174,8 +174,11 @@ def ratio_chart(cases: Sequence[Case], title: str) -> list[str]:
     return [*lines, ""]
 
 
-def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT) -> str:
-    """The summary as Markdown; past ``limit`` characters the full table is cut (a PR comment's limit)."""
+def markdown_summary(
+    doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, notes: Sequence[str] = ()
+) -> str:
+    """The summary as Markdown; past ``limit`` characters the full table is cut (a PR comment's limit).
+    ``notes``: the session's messages (stale entries, files written), listed after the chart."""
     report = rd.build(doc)
     devices = " + ".join(str(d.get("name") or slug) for slug, d in report.devices.items()) or "unknown device"
     env = " · ".join(f"**{k}** {v}" for k, v in rd.environment(report) if k != "device")
@@ -192,8 +195,10 @@ def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT) 
     opening = [f"<details><summary>All {len(report.cases)} cases</summary>", ""]
     closing = ["", "</details>", ""]
 
+    tail = [f"- {_cell(note)}" for note in notes]
+
     def assemble(table: list[str]) -> str:
-        return "\n".join([*head, *opening, *table, *closing, *charts]).rstrip("\n") + "\n"
+        return "\n".join([*head, *opening, *table, *closing, *charts, *tail]).rstrip("\n") + "\n"
 
     text = assemble(rows)
     if limit is None or len(text) <= limit:

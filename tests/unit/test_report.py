@@ -91,6 +91,9 @@ def test_markdown_puts_attention_first_then_a_folded_table_then_a_chart(doc: dic
     assert "`pytest 'tests/perf/test_attention.py::test_attention_grid[" in rows[0]
     assert "</details>" in text[table:chart]
     assert "**SDPA backend** cudnn" in text and "**git SHA** not recorded" in text
+    assert markdown_summary(doc, notes=["perfguard: results written to r.json"]).endswith(
+        "\n- perfguard: results written to r.json\n"
+    )
 
 
 def test_mermaid_chart_has_one_line_per_variant_and_a_named_legend(doc: dict[str, Any]) -> None:
