@@ -29,7 +29,6 @@ from .results_io import RESULTS_KIND, ResultsError, ResultsFile, parse_results
 
 MERGED_KIND = "perfguard-merged-results"
 MERGED_SCHEMA_VERSION = 1
-_RUN_KEYS = ("device", "results", "run", "summary", "schema_version")
 
 
 class MergeError(ResultsError):
@@ -61,7 +60,8 @@ def runs_of(doc: Mapping[str, Any], source: str = "") -> list[dict[str, Any]]:
 
 
 def _run_object(run: Mapping[str, Any]) -> dict[str, Any]:
-    return {"kind": RESULTS_KIND, **{key: run[key] for key in _RUN_KEYS if key in run}}
+    """A merged file's run as the results file it was: every key its runner wrote, whatever it was."""
+    return {**{key: value for key, value in run.items() if key != "source"}, "kind": RESULTS_KIND}
 
 
 def read_runs(path: Path) -> list[Run]:
