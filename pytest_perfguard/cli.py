@@ -274,6 +274,57 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return status
 
 
+# ------------------------------------------------------------------------------------------ merge / report
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """Combine results files of several runners into one file, cases of different devices kept apart."""
+    from pytest_perfguard.merge import merge_files, write_merged
+
+    output = Path(args.output)
+    try:
+        doc = merge_files([Path(p) for p in args.results])
+        write_merged(output, doc)
+    except JSONFileError as exc:
+        _err(str(exc))
+        return 1
+    runs = doc["runs"]
+    cases = sum(len(run["results"]) for run in runs)
+    devices = sorted({str(run["device"].get("name")) for run in runs})
+    print(f"{output}: {_plural(cases, 'case')} from {_plural(len(runs), 'run')} ({', '.join(devices)})")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render a results or merged file as HTML and/or Markdown, after the fact."""
+    from pytest_perfguard.markdown_report import markdown_summary
+    from pytest_perfguard.merge import read_document, write_file
+
+    if not (args.html or args.markdown):
+        _err("nothing to write: add --html FILE and/or --markdown FILE (- for standard output)")
+        return 2
+    try:
+        doc = read_document(Path(args.results))
+        if args.markdown == "-":
+            sys.stdout.write(markdown_summary(doc))
+        elif args.markdown:
+            write_file(Path(args.markdown), markdown_summary(doc))
+            print(f"{args.markdown}: Markdown summary written")
+        if args.html:
+            from pytest_perfguard.html_report import ReportDependencyError, write_html
+
+            try:
+                write_html(Path(args.html), doc)
+            except ReportDependencyError as exc:
+                _err(str(exc))
+                return 1
+            print(f"{args.html}: HTML report written; open it in a browser")
+    except JSONFileError as exc:
+        _err(str(exc))
+        return 1
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 
@@ -312,7 +363,19 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("paths", nargs="+", metavar="PATH")
     validate.set_defaults(func=cmd_validate)
 
-    # Imported here: history_cli uses this module's formatters, so it loads after them.
+    merge = sub.add_parser(
+        "merge", help="combine results files of several runners or matrix jobs; devices are kept apart"
+    )
+    merge.add_argument("results", nargs="+", metavar="RESULTS", help="results files (--perfguard-json) or merged files")
+    merge.add_argument("-o", "--output", required=True, metavar="FILE", help="the merged file to write")
+    merge.set_defaults(func=cmd_merge)
+
+    report = sub.add_parser("report", help="render a results or merged file as an HTML report and/or Markdown")
+    report.add_argument("results", metavar="RESULTS")
+    report.add_argument("--html", metavar="FILE", help="self-contained HTML report (needs pytest-perfguard[report])")
+    report.add_argument("--markdown", metavar="FILE", help="Markdown summary, as in the job summary (- for stdout)")
+    report.set_defaults(func=cmd_report)
+
     from pytest_perfguard.history_cli import add_history_parser
 
     add_history_parser(sub)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, value in (xd.worker_paths(config) or {}).items():
         setattr(settings, name, Path(value))  # the controller's resolution: every process reads the same files
     settings.device = _pick_device(config, settings.device)
+    if settings.html is not None and importlib.util.find_spec("plotly") is None:
+        raise pytest.UsageError(
+            "--perfguard-html needs plotly: pip install 'pytest-perfguard[report]', or drop --perfguard-html."
+        )
     if settings.require_gpu and not settings.device.startswith("cuda"):
         # Checked per item too (so the failure names the case); this is the early, clear message.
         config.issue_config_time_warning(

@@ -1,4 +1,5 @@
-"""Presenting results: the terminal table, the JSON results file and the Markdown job summary.
+"""Presenting results: the terminal table and the JSON results file (the HTML report and the Markdown job
+summary are html_report.py and markdown_report.py).
 
 Every figure printed comes with its interval; a row without timing says why.
 """
@@ -143,13 +144,6 @@ def table(records: Iterable[CaseRecord], fmt: str = "simple") -> str:
     if any(r.gate("ab") is not None for r in records):
         headers.insert(7, AB_HEADER)
     return tabulate(rows(records), headers=headers, tablefmt=fmt, disable_numparse=True)
-
-
-def markdown(records: Sequence[CaseRecord], device: Mapping[str, Any], footer: Sequence[str]) -> str:
-    head = f"### perfguard: {device.get('name')} (torch {device.get('torch')})\n\n"
-    body = table(records, fmt="github") + "\n"
-    tail = "".join(f"\n- {line}" for line in footer)
-    return head + body + (tail + "\n" if tail else "")
 
 
 def results_document(

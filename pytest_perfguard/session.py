@@ -194,7 +194,7 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
 
 
 def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[CaseRecord], out: RunSummary) -> None:
-    from .report import markdown, results_document, write_results
+    from .report import results_document, write_results
 
     s = state.settings
     summary = {
@@ -215,19 +215,20 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
         except (JSONFileError, OSError, ValueError) as exc:
             out.errors.append(f"perfguard: could not write results to {s.json}: {exc}")
     if s.html is not None:
-        try:
-            import importlib
+        from .html_report import ReportDependencyError, write_html  # plotting only when a report is asked for
 
-            # plotting is an optional extra: imported only when a report is asked for
-            importlib.import_module(".html_report", __package__).write_html(s.html, doc)
+        try:
+            write_html(s.html, doc)
             out.messages.append(f"perfguard: HTML report written to {shown(s.html)}")
-        except (ImportError, JSONFileError, OSError, ValueError) as exc:
+        except (ReportDependencyError, JSONFileError, OSError, ValueError) as exc:
             out.errors.append(f"perfguard: could not write the HTML report {s.html}: {exc}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and s.enabled:
+        from .markdown_report import markdown_summary
+
         try:
             with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(markdown(records, state.device_info, out.errors + out.messages))
+                fh.write(markdown_summary(doc, notes=out.messages))
         except OSError as exc:
             out.errors.append(f"perfguard: could not append to GITHUB_STEP_SUMMARY ({step_summary}): {exc}")
 

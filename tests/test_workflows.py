@@ -317,3 +317,138 @@ def test_fork_pr_without_label_skips_gpu_job(repo_copy: Path, tmp_path: Path) ->
     same_repo = _pr_event(tmp_path, head_repo=FAKE_REPO, action="synchronize", labels=[])
     ran, out = _guard_planned(repo_copy, tmp_path, same_repo)
     assert ran, out[-8000:]
+
+
+# ------------------------------------------------------------------------------- the PR comment workflow
+
+COMMENT_WF = "perfguard-comment.yml"
+
+# A stand-in for the GitHub CLI: logs every call of the workflow, serves the artifact from a folder, answers the PR's head
+# and the previous comment's id from the environment, and keeps the posted body.
+FAKE_GH = """#!/usr/bin/env bash
+set -eu
+# act itself asks `gh auth token` for a token when given none: no token here, and not a workflow call.
+if [ "$*" = "auth token" ]; then exit 1; fi
+printf '%s\\n' "$*" >> "${FAKE_GH_LOG}"
+if [ "$1 $2" = "run download" ]; then
+  dir=""
+  while [ $# -gt 0 ]; do if [ "$1" = "--dir" ]; then dir="$2"; fi; shift; done
+  [ -d "${FAKE_GH_ARTIFACT}" ] || { echo "no artifact" >&2; exit 1; }
+  cp -r "${FAKE_GH_ARTIFACT}/." "${dir}/"
+  exit 0
+fi
+for arg in "$@"; do
+  case "${arg}" in body=@*) cp "${arg#body=@}" "${FAKE_GH_LOG}.body" ;; esac
+done
+case "$*" in
+  *"/pulls/"*) echo "${FAKE_GH_PR_HEAD}" ;;
+  *"--paginate"*) echo "${FAKE_GH_COMMENT_ID:-}" ;;
+  *) echo '{}' ;;
+esac
+"""
+HEAD_SHA = "a" * 40
+
+
+def test_comment_workflow_trigger_and_permissions() -> None:
+    """Triggered only by the perfguard workflow's completed runs; the token may read the run's artifacts
+    and write PR comments, nothing else; no checkout and no action runs pull-request code."""
+    text = (WORKFLOWS / COMMENT_WF).read_text()
+    assert re.search(r"^on:\n  workflow_run: .*\n    workflows: \[perfguard\]\n    types: \[completed\]\n", text, re.M)
+    assert re.search(r"^permissions: \{\}$", text, re.M), "no default token permissions"
+    perms = re.search(r"^    permissions:\n((?:      .*\n)+)", text, re.M)
+    assert perms is not None
+    granted = dict(re.findall(r"^      ([\w-]+): (\w+)", perms.group(1), re.M))
+    assert granted == {"actions": "read", "pull-requests": "write"}
+    code = "\n".join(line.split(" #")[0] for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "uses:" not in code, "no action at all: nothing that could check out or run the PR's code"
+    assert not re.search(r"\bgit |checkout", code), "no checkout of any code"
+    assert "github.event.workflow_run.event == 'pull_request'" in text
+    # perfguard.yml names the workflow this one listens to, and uploads the artifact it reads.
+    guard = (WORKFLOWS / "perfguard.yml").read_text()
+    assert re.search(r"^name: perfguard$", guard, re.M)
+    assert "name: perfguard-pr" in guard
+
+
+def _run_event(tmp_path: Path, *, event: str = "pull_request", conclusion: str = "success") -> Path:
+    payload = {
+        "action": "completed",
+        "workflow_run": {
+            "id": 4242, "name": "perfguard", "event": event, "conclusion": conclusion, "head_sha": HEAD_SHA,
+            "html_url": f"https://github.com/{FAKE_REPO}/actions/runs/4242",
+        },
+        "repository": {"full_name": FAKE_REPO},
+    }
+    path = tmp_path / f"event-run-{event}-{conclusion}.json"
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def _comment_run(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, pr: str = "7",
+                 pr_head: str = HEAD_SHA, comment_id: str = "", event: str = "pull_request",
+                 artifact: bool = True) -> tuple[subprocess.CompletedProcess[str], list[str], Path]:
+    fake_bin = tmp_path / "fake-gh-bin"
+    fake_bin.mkdir(exist_ok=True)
+    (fake_bin / "gh").write_text(FAKE_GH)
+    (fake_bin / "gh").chmod(0o755)
+    art = tmp_path / "artifact"
+    shutil.rmtree(art, ignore_errors=True)
+    if artifact:
+        art.mkdir(exist_ok=True)
+        (art / "pr-number.txt").write_text(pr + "\n")
+        (art / "perfguard-comment.md").write_text("### perfguard: NVIDIA L4\n\n**1 regressed of 1 cases**\n")
+    log = tmp_path / "gh.log"
+    log.write_text("")
+    for key, value in {"FAKE_GH_LOG": str(log), "FAKE_GH_ARTIFACT": str(art), "FAKE_GH_PR_HEAD": pr_head,
+                       "FAKE_GH_COMMENT_ID": comment_id}.items():
+        monkeypatch.setenv(key, value)
+    proc = _run_act(repo, tmp_path, "workflow_run", COMMENT_WF, "-e", str(_run_event(tmp_path, event=event)),
+                    "-v", timeout=120, path_first=fake_bin)
+    return proc, log.read_text().splitlines(), Path(f"{log}.body")
+
+
+@needs_act
+def test_comment_workflow_posts_then_updates_one_comment(repo_copy: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, calls, body = _comment_run(repo_copy, tmp_path, monkeypatch)
+    assert proc.returncode == 0, _act_output(proc)
+    assert f"run download 4242 --repo {FAKE_REPO} --name perfguard-pr" in calls[0], calls
+    assert f"api --method POST repos/{FAKE_REPO}/issues/7/comments -F body=@" in "\n".join(calls), calls
+    text = body.read_text()
+    assert text.startswith("<!-- perfguard -->\n### perfguard: NVIDIA L4\n"), text
+    assert "actions/runs/4242" in text
+
+    proc, calls, _ = _comment_run(repo_copy, tmp_path, monkeypatch, comment_id="55")
+    assert proc.returncode == 0, _act_output(proc)
+    assert f"api --method PATCH repos/{FAKE_REPO}/issues/comments/55 -F body=@" in "\n".join(calls), calls
+    assert not any("--method POST" in c for c in calls), calls
+
+
+@needs_act
+def test_comment_workflow_treats_the_artifact_as_untrusted(repo_copy: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PR number that is not digits fails; a number of another PR (its head is not the measured commit)
+    gets no comment; a run without the artifact (GPU job skipped) posts nothing and passes."""
+    proc, calls, _ = _comment_run(repo_copy, tmp_path, monkeypatch, pr="7; touch pwned")
+    assert proc.returncode != 0, _act_output(proc)
+    assert not (repo_copy / "pwned").exists()
+    assert not any("--method" in c for c in calls), calls
+
+    proc, calls, _ = _comment_run(repo_copy, tmp_path, monkeypatch, pr="8", pr_head="b" * 40)
+    assert proc.returncode == 0, _act_output(proc)
+    assert "not commenting" in proc.stdout + proc.stderr, _act_output(proc)
+    assert not any("--method" in c for c in calls), calls
+
+    proc, calls, _ = _comment_run(repo_copy, tmp_path, monkeypatch, artifact=False)
+    assert proc.returncode == 0, _act_output(proc)
+    assert "nothing to post" in proc.stdout + proc.stderr, _act_output(proc)
+    assert not any("--method" in c for c in calls), calls
+
+
+@needs_act
+def test_comment_workflow_skips_runs_that_are_not_pull_requests(repo_copy: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, calls, _ = _comment_run(repo_copy, tmp_path, monkeypatch, event="push")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, _act_output(proc)
+    assert re.search(r"Skipping job '[^']*' due to", out), _act_output(proc)
+    assert calls == [], calls

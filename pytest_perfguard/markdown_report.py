@@ -1,0 +1,211 @@
+"""The Markdown summary of a results file: the GitHub job summary and the PR comment.
+
+What needs a person comes first (failing, then inconclusive cases, each with its reason and the command
+that reproduces it), then the full table folded away, then one chart per test that GitHub draws itself
+(Mermaid ``xychart-beta``): each variant's time over the reference's, per shape. Plain text, no plotting
+library: the plugin writes this on every CI run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import report_data as rd
+from .report_data import Case, Report
+
+# A PR comment holds at most 65,536 characters; leave room for the marker and a note.
+COMMENT_LIMIT = 60_000
+# The attention list is cut here in the summary (the HTML report and the table below have the rest).
+MAX_ATTENTION = 40
+# Mermaid's xychart has no legend in the versions GitHub renders, so each series gets a fixed colour
+# and the line under the chart names them with the matching coloured square.
+SERIES = (
+    ("🟦", "#55acee"),
+    ("🟧", "#f4900c"),
+    ("🟩", "#78b159"),
+    ("🟥", "#dd2e44"),
+    ("🟪", "#aa8ed6"),
+    ("🟫", "#c1694f"),
+    ("🟨", "#fdcb58"),
+)
+# The reference itself (its ratio is 1 by construction) is drawn last, in black, as the baseline line.
+REFERENCE = ("⬛", "#31373d")
+# Past this spread of ratios a linear axis flattens every fast variant onto the reference's line.
+LOG_SPREAD = 8.0
+
+
+def _cell(text: str) -> str:
+    """Table cells cannot hold a pipe or a line break."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    """Inline code that survives any backticks in a node id."""
+    fence = "``" if "`" in text else "`"
+    return f"{fence}{text}{fence}" if fence == "`" else f"{fence} {text} {fence}"
+
+
+def _where(report: Report, case: Case) -> str:
+    return f" ({case.device_name})" if len(report.devices) > 1 else ""
+
+
+def _attention(report: Report) -> list[str]:
+    cases = report.attention()
+    if not cases:
+        return ["No case failed and none was inconclusive.", ""]
+    lines = [
+        "#### Failing and inconclusive",
+        "",
+        "| verdict | case | why | MDE | reproduce |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for case in cases[:MAX_ATTENTION]:
+        lines.append(
+            f"| **{_cell(case.status)}** | {_cell(case.rec.variant)} · {_cell(case.shape)}{_cell(_where(report, case))} "
+            f"| {_cell(case.decisive_reason())} | {rd.fmt_mde(case.mde)} | {_cell(_code(case.command()))} |"
+        )
+    if len(cases) > MAX_ATTENTION:
+        lines.append(
+            f"\n…and {len(cases) - MAX_ATTENTION} more: see the full table below or the HTML report."
+        )
+    return [*lines, ""]
+
+
+def _table_rows(report: Report) -> list[str]:
+    device_col = len(report.devices) > 1
+    head = [
+        "verdict",
+        "case",
+        "variant",
+        "shape",
+        "time [95% CI]",
+        "TFLOP/s [95% CI]",
+        "ratio vs reference [95% CI]",
+        "gates: change [95% CI]",
+        "MDE",
+    ] + (["device"] if device_col else [])
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for case in report.cases:
+        cells = [
+            case.status,
+            case.test,
+            case.rec.variant,
+            case.shape,
+            rd.fmt_time(case.rec.median_ns, case.rec.ci_ns),
+            rd.fmt_tflops(case),
+            rd.fmt_ratio(case.rec.ratio, case.rec.ratio_ci),
+            rd.gate_text(case),
+            rd.fmt_mde(case.mde),
+        ]
+        if device_col:
+            cells.append(case.device_name)
+        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return rows
+
+
+def _quoted(label: str) -> str:
+    return '"' + label.replace('"', "'") + '"'
+
+
+def _num(x: float) -> str:
+    """Fixed point: mermaid's xychart does not read exponents (6.99e-05)."""
+    text = f"{x:.3f}"
+    return "0.000" if text == "-0.000" else text
+
+
+def ratio_chart(cases: Sequence[Case], title: str) -> list[str]:
+    """A Mermaid xychart-beta of time over the reference's time, per shape, one line per variant.
+
+    Only shapes where every plotted variant has a ratio (xychart has no gaps); a variant missing at a
+    shape that others have is left out and named under the chart. Empty when nothing has a ratio."""
+    rated = [c for c in cases if c.rec.ratio is not None]
+    if not rated:
+        return []
+    shapes = rd.shape_order(rated)
+    by_variant: dict[str, dict[str, float]] = {}
+    for c in rated:
+        by_variant.setdefault(c.rec.variant, {})[c.shape] = c.rec.ratio or 1.0
+    against = next((c.against for c in rated if c.against), None) or "the reference"
+    full = sorted(
+        (v for v, got in by_variant.items() if all(s in got for s in shapes)), key=lambda v: (v == against, v)
+    )
+    partial = sorted(set(by_variant) - set(full))
+    others = [v for v in full if v != against]
+    shown = others[: len(SERIES)] + [v for v in full if v == against]
+    dropped = partial + others[len(SERIES) :]
+    if not shown:
+        return []
+    colors = [REFERENCE if v == against else SERIES[i] for i, v in enumerate(shown)]
+    values = [by_variant[v][s] for v in shown for s in shapes]
+    log = max(values) / min(values) > LOG_SPREAD
+    palette = ", ".join(color for _, color in colors)
+    axis = f"log2(time / {against})" if log else f"time / {against}"
+    lines = [
+        "```mermaid",
+        "---",
+        "config:",
+        "  xyChart:",
+        "    width: 900",
+        "    height: 420",
+        "    xAxis:",
+        "      labelFontSize: 11",
+        "  themeVariables:",
+        "    xyChart:",
+        f'      plotColorPalette: "{palette}"',
+        "---",
+        "xychart-beta",
+        f"  title {_quoted(f'{title}: time / {against}')}",
+        "  x-axis [" + ", ".join(_quoted(s) for s in shapes) + "]",
+        f"  y-axis {_quoted(axis)}",
+    ]
+    for variant in shown:
+        ys = [by_variant[variant][s] for s in shapes]
+        lines.append("  line [" + ", ".join(_num(math.log2(y) if log else y) for y in ys) + "]")
+    lines.append("```")
+    legend = " · ".join(f"{square} {variant}" for (square, _), variant in zip(colors, shown, strict=True))
+    lines.append("")
+    lines.append(legend + (f" · y: log2, 0 = as fast as {against}, 1 = twice its time" if log else ""))
+    if dropped:
+        lines.append(
+            f"\nNot drawn (no ratio at every shape, or more than {len(SERIES)} variants): {', '.join(dropped)}"
+        )
+    return [*lines, ""]
+
+
+def markdown_summary(
+    doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, notes: Sequence[str] = ()
+) -> str:
+    """The summary as Markdown; past ``limit`` characters the full table is cut (a PR comment's limit).
+    ``notes``: the session's messages (stale entries, files written), listed after the chart."""
+    report = rd.build(doc)
+    devices = " + ".join(str(d.get("name") or slug) for slug, d in report.devices.items()) or "unknown device"
+    env = " · ".join(f"**{k}** {v}" for k, v in rd.environment(report) if k != "device")
+    head = [f"### perfguard: {devices}", "", f"**{rd.counts_line(report)}**", "", env, ""]
+    if report.errors:
+        head += ["#### Session errors", "", *[f"- {_cell(e)}" for e in report.errors], ""]
+    head += _attention(report)
+    charts: list[str] = []
+    for device, test, cases in report.tests():
+        name = report.devices.get(device, {}).get("name", device)
+        where = f" on {name}" if len(report.devices) > 1 else ""
+        charts += ratio_chart(cases, f"{test}{where}")
+    rows = _table_rows(report)
+    opening = [f"<details><summary>All {len(report.cases)} cases</summary>", ""]
+    closing = ["", "</details>", ""]
+
+    tail = [f"- {_cell(note)}" for note in notes]
+
+    def assemble(table: list[str]) -> str:
+        return "\n".join([*head, *opening, *table, *closing, *charts, *tail]).rstrip("\n") + "\n"
+
+    text = assemble(rows)
+    if limit is None or len(text) <= limit:
+        return text
+    kept = rows[:]
+    while len(kept) > 2 and len(text) > limit:
+        kept = kept[: max(2, len(kept) - max(1, len(kept) // 10))]
+        cut = len(rows) - len(kept)
+        text = assemble([*kept, "", f"…{cut} more rows left out to fit a comment: see the results artifact."])
+    return text

@@ -1,0 +1,416 @@
+"""The cases of a results document as the HTML report, the Markdown summary and the PR comment see them.
+
+One reading of the record's fields for all three, so that they cannot disagree on what a case's status
+is, which cases need a person's attention, in what order, and what command reproduces one. It reads a
+results file (one run) and a merged file (several runs, see merge.py) alike.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .merge import runs_of
+from .record import Status
+from .results_io import ResultRecord
+
+# A case that failed the build, then one that could not be decided, then the rest; within a group, by id.
+FAILING = ("regressed", "incorrect", "error", "timeout", "flagged", "failed")
+UNDECIDED = ("inconclusive",)
+STATUS_ORDER = (
+    *FAILING,
+    *UNDECIDED,
+    "not comparable",
+    "no baseline",
+    "no base",
+    "new",
+    "faster",
+    "pass",
+    "correct",
+    "skipped",
+    "not run",
+)
+# With the default case budget of 5 s, four times as much measuring halves the interval's width.
+FIRMER_BUDGET_S = 20
+
+
+def _number(value: Any) -> float | None:
+    return (
+        float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        else None
+    )
+
+
+def _interval(value: Any) -> tuple[float, float] | None:
+    if isinstance(value, list | tuple) and len(value) == 2:
+        lo, hi = _number(value[0]), _number(value[1])
+        if lo is not None and hi is not None:
+            return lo, hi
+    return None
+
+
+def _floats(value: Any) -> list[float]:
+    if not isinstance(value, list):
+        return []
+    return [x for x in (_number(v) for v in value) if x is not None]
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One gate's decision: an estimate on the ratio scale (1.03 = 3% slower), its CI and its threshold."""
+
+    name: str
+    status: str
+    estimate: float | None
+    ci: tuple[float, float] | None
+    threshold: float | None
+    reason: str
+    mde: float | None
+
+    @property
+    def band(self) -> tuple[float, float] | None:
+        """The margin band: slower than its top is a regression, faster than its bottom is 'faster'.
+        A cap gate (max_ratio) has no band: its threshold is an absolute ratio, not a change."""
+        if self.threshold is None or self.threshold <= 1.0 or self.name.startswith("max"):
+            return None
+        return 1.0 / self.threshold, self.threshold
+
+
+@dataclass(frozen=True)
+class Case:
+    """One perf case of one run, as shown: the results file's typed record (`rec`), plus what the
+    reports read from the rest of the record and where the case ran."""
+
+    rec: ResultRecord
+    device: str  # device slug: the same id on two devices is two cases
+    device_name: str
+    test: str
+    shape: str
+    status: str
+    against: str | None
+    flops: float | None
+    mde: float | None
+    gates: list[Gate]
+    variant_blocks: list[float]
+    against_blocks: list[float]
+    base_blocks: list[float]
+    env: dict[str, str]
+
+    @property
+    def id(self) -> str:
+        return self.rec.id
+
+    @property
+    def failing(self) -> bool:
+        return self.status in FAILING
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.status in FAILING or self.status in UNDECIDED
+
+    @property
+    def tflops_ci(self) -> tuple[float, float] | None:
+        """The FLOP count is exact, so the time's interval maps onto throughput (inverted)."""
+        ci = self.rec.ci_ns
+        if self.flops is None or ci is None or ci[0] <= 0:
+            return None
+        return self.flops / ci[1] / 1e3, self.flops / ci[0] / 1e3
+
+    def decisive_reason(self) -> str:
+        """The reason that made the verdict: the gate whose status is the case's; when no gate says it (a
+        disturbance, an unconfirmed regression, an error), the first reason of the case's own."""
+        gate = next((g for g in self.gates if g.status == self.status and g.reason), None)
+        if gate is not None:
+            return gate.reason
+        own = [r for r in self.rec.reasons if all(r != g.reason for g in self.gates)]
+        return (own or self.rec.reasons or ["no reason recorded"])[0]
+
+    def command(self) -> str:
+        """What to run to see this case again; an undecided case gets a longer budget for a firmer answer."""
+        base = f"pytest {shlex.quote(self.id)} --perfguard"
+        if self.status in UNDECIDED:
+            return f"{base} --perfguard-case-budget {FIRMER_BUDGET_S}"
+        return base
+
+
+@dataclass
+class Report:
+    """A whole results document: its cases in display order and what is known of where they ran."""
+
+    cases: list[Case]
+    devices: dict[str, dict[str, Any]]
+    sources: list[str]
+    git_shas: list[str]
+    margins: list[float]
+    errors: list[str] = field(default_factory=list)
+
+    def counts(self) -> list[tuple[str, int]]:
+        """Cases per status, in display order (statuses this version does not know come last)."""
+        counter = Counter(case.status for case in self.cases)
+        known = [(s, counter.pop(s)) for s in STATUS_ORDER if s in counter]
+        return known + sorted(counter.items())
+
+    def attention(self) -> list[Case]:
+        return [case for case in self.cases if case.needs_attention]
+
+    def tests(self) -> list[tuple[str, str, list[Case]]]:
+        """(device slug, test function, its cases) in first-seen order: one grid per test and device."""
+        groups: dict[tuple[str, str], list[Case]] = {}
+        for case in sorted(self.cases, key=lambda c: (c.device, c.test, c.id)):
+            groups.setdefault((case.device, case.test), []).append(case)
+        return [(device, test, cases) for (device, test), cases in groups.items()]
+
+    def against_backends(self) -> list[str]:
+        return sorted({case.env["against_backend"] for case in self.cases if case.env.get("against_backend")})
+
+
+def shape_label(record: Mapping[str, Any]) -> str:
+    """A short label for the case's shape: the pytest id without the variant ("B1-H1-S128"), else the
+    parameters, else the workload description."""
+    case_id, variant = str(record.get("id", "")), str(record.get("variant", ""))
+    bracket = re.search(r"\[(.*)\]$", case_id)
+    if bracket:
+        label = bracket.group(1)
+        for prefix in (f"{variant}-", variant):
+            if variant and label.startswith(prefix):
+                label = label[len(prefix) :]
+                break
+        if label:
+            return label
+    params = record.get("params")
+    if isinstance(params, dict) and params:
+        return ",".join(f"{k}={v}" for k, v in params.items())
+    return str(record.get("workload_desc") or case_id)
+
+
+def status_of(record: Mapping[str, Any]) -> str:
+    verdict = record.get("verdict")
+    if isinstance(verdict, str) and verdict:
+        return verdict
+    return str(record.get("outcome") or "skipped")
+
+
+def _gate(obj: Any) -> Gate | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("gate"), str):
+        return None
+    return Gate(
+        name=obj["gate"],
+        status=str(obj.get("status") or ""),
+        estimate=_number(obj.get("estimate")),
+        ci=_interval(obj.get("ci")),
+        threshold=_number(obj.get("threshold")),
+        reason=str(obj.get("reason") or ""),
+        mde=_number(obj.get("mde")),
+    )
+
+
+def _optional_str(value: Any) -> str | None:
+    return str(value) if value else None
+
+
+def _rec(record: Mapping[str, Any]) -> ResultRecord:
+    """The typed record, read leniently: a report shows what a file holds (a crashed worker's record has
+    no variant) rather than refusing the whole file; `perfguard report` has validated it already."""
+    blocks = record.get("blocks")
+    return ResultRecord(
+        id=str(record.get("id", "")),
+        variant=str(record.get("variant", "")),
+        workload_desc=str(record.get("workload_desc") or ""),
+        median_ns=_number(record.get("median_ns")),
+        ci_ns=_interval(record.get("ci_ns")),
+        ratio=_number(record.get("ratio")),
+        ratio_ci=_interval(record.get("ratio_ci")),
+        blocks=blocks if isinstance(blocks, int) and not isinstance(blocks, bool) else None,
+        stop_reason=_optional_str(record.get("stop_reason")),
+        tflops=_number(record.get("tflops")),
+        verdict=_status(record.get("verdict")),
+        reasons=_strings(record.get("reasons")),
+    )
+
+
+def _status(value: Any) -> Status | None:
+    try:
+        return Status(value) if value else None
+    except ValueError:
+        return None
+
+
+def _case(record: Mapping[str, Any], device: Mapping[str, Any]) -> Case:
+    env = record.get("env")
+    return Case(
+        rec=_rec(record),
+        device=str(device.get("slug", "")),
+        device_name=str(device.get("name", "")),
+        test=str(record.get("test") or str(record.get("id", "")).split("[")[0].split("::")[-1]),
+        shape=shape_label(record),
+        status=status_of(record),
+        against=_optional_str(record.get("against")),
+        flops=_number(record.get("flops")),
+        mde=_number(record.get("mde")),
+        gates=[g for g in (_gate(obj) for obj in record.get("gates") or []) if g is not None],
+        variant_blocks=_floats(record.get("variant_blocks")),
+        against_blocks=_floats(record.get("against_blocks")),
+        base_blocks=_floats(record.get("base_blocks")),
+        env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+    )
+
+
+def _sort_key(case: Case) -> tuple[int, str, str]:
+    rank = STATUS_ORDER.index(case.status) if case.status in STATUS_ORDER else len(STATUS_ORDER)
+    return rank, case.id, case.device
+
+
+def git_sha(run: Mapping[str, Any]) -> str | None:
+    """The commit a run measured, as its file records it; never asked of git now (a report may be made
+    long after the run, from another checkout)."""
+    info = run.get("run")
+    device = run.get("device")
+    for holder in (info, device):
+        if isinstance(holder, dict) and isinstance(holder.get("git_sha"), str) and holder["git_sha"]:
+            return str(holder["git_sha"])
+    return None
+
+
+def build(doc: Mapping[str, Any]) -> Report:
+    """The report's view of a results or merged document (already validated by its reader)."""
+    runs = runs_of(doc)
+    cases: list[Case] = []
+    devices: dict[str, dict[str, Any]] = {}
+    sources: list[str] = []
+    shas: list[str] = []
+    margins: list[float] = []
+    errors: list[str] = []
+    for run in runs:
+        device = run.get("device") if isinstance(run.get("device"), dict) else {}
+        assert isinstance(device, dict)
+        devices.setdefault(str(device.get("slug", "")), dict(device))
+        if run.get("source"):
+            sources.append(str(run["source"]))
+        sha = git_sha(run)
+        if sha and sha not in shas:
+            shas.append(sha)
+        summary = run.get("summary") if isinstance(run.get("summary"), dict) else {}
+        assert isinstance(summary, dict)
+        margin = _number(summary.get("margin"))
+        if margin is not None and margin not in margins:
+            margins.append(margin)
+        prefix = f"{run['source']}: " if len(runs) > 1 and run.get("source") else ""
+        errors += [prefix + str(e) for e in summary.get("errors") or []]
+        cases += [_case(r, device) for r in run.get("results") or [] if isinstance(r, dict)]
+    cases.sort(key=_sort_key)
+    return Report(
+        cases=cases, devices=devices, sources=sources, git_shas=shas, margins=margins, errors=errors
+    )
+
+
+# ------------------------------------------------------------------------------------------- formatting
+
+
+def fmt_time(ns: float | None, ci: tuple[float, float] | None = None) -> str:
+    """ "9.12 µs [9.10, 9.15]": the CI in the unit of the estimate."""
+    if ns is None:
+        return "-"
+    scale, unit = next(((s, u) for s, u in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")) if ns >= s), (1.0, "ns"))
+    digits = 1 if ns / scale >= 100 else 2 if ns / scale >= 10 else 3
+    text = f"{ns / scale:.{digits}f} {unit}"
+    return text if ci is None else f"{text} [{ci[0] / scale:.{digits}f}, {ci[1] / scale:.{digits}f}]"
+
+
+def fmt_change(estimate: float | None, ci: tuple[float, float] | None = None) -> str:
+    """A ratio-scale change as "+3.1% [+2.8, +3.4]"."""
+    if estimate is None:
+        return "-"
+    text = f"{(estimate - 1) * 100:+.1f}%"
+    return text if ci is None else f"{text} [{(ci[0] - 1) * 100:+.1f}, {(ci[1] - 1) * 100:+.1f}]"
+
+
+def fmt_ratio(ratio: float | None, ci: tuple[float, float] | None = None) -> str:
+    if ratio is None:
+        return "-"
+    return _sig(ratio) if ci is None else f"{_sig(ratio)} [{_sig(ci[0])}, {_sig(ci[1])}]"
+
+
+def _sig(x: float) -> str:
+    """Three significant digits, keeping trailing zeros ("4.00", not "4"), without a bare trailing dot."""
+    return f"{x:#.3g}".rstrip(".") if abs(x) < 1e5 else f"{x:.3g}"
+
+
+def fmt_tflops(case: Case) -> str:
+    tflops = case.rec.tflops
+    if tflops is None:
+        return "-"
+    ci = case.tflops_ci
+    return _sig(tflops) if ci is None else f"{_sig(tflops)} [{_sig(ci[0])}, {_sig(ci[1])}]"
+
+
+def fmt_mde(mde: float | None) -> str:
+    return "-" if mde is None else f"{mde * 100:.1f}%"
+
+
+def gate_text(case: Case) -> str:
+    """Every gate's change with its CI, "baseline +3.1% [+2.8, +3.4]; ratio ..."."""
+    parts = [f"{g.name} {fmt_change(g.estimate, g.ci)}" for g in case.gates if g.estimate is not None]
+    return "; ".join(parts) or "-"
+
+
+_VERSIONS = (
+    ("torch", "torch"),
+    ("triton", "triton"),
+    ("cuda", "CUDA"),
+    ("capability", "capability"),
+    ("driver", "driver"),
+)
+
+
+def _version_rows(device: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """torch, triton and CUDA always (saying when not recorded); capability and driver when known."""
+    return [
+        (label, str(device.get(key) or "not recorded"))
+        for key, label in _VERSIONS
+        if device.get(key) or key in ("torch", "triton", "cuda")
+    ]
+
+
+def environment(report: Report) -> list[tuple[str, str]]:
+    """(label, value) of what the numbers belong to: device, versions, the reference's backend, commit.
+    One row per device when the file holds several, so no version is shown against the wrong device."""
+    rows: list[tuple[str, str]] = []
+    if len(report.devices) == 1:
+        device = next(iter(report.devices.values()))
+        rows.append(("device", str(device.get("name") or device.get("slug") or "not recorded")))
+        rows += _version_rows(device)
+    else:
+        rows += [
+            (str(d.get("name") or slug), ", ".join(f"{k} {v}" for k, v in _version_rows(d)))
+            for slug, d in report.devices.items()
+        ]
+    rows.append(("SDPA backend", ", ".join(report.against_backends()) or "not recorded"))
+    rows.append(("git SHA", ", ".join(report.git_shas) or "not recorded in the results file"))
+    if report.margins:
+        rows.append(("margin", ", ".join(f"{m:.0%}" for m in report.margins)))
+    if len(report.sources) > 1:
+        rows.append(("merged from", ", ".join(report.sources)))
+    return rows
+
+
+def counts_line(report: Report, sep: str = " · ") -> str:
+    counts = report.counts()
+    return sep.join(f"{n} {status}" for status, n in counts) + f" of {len(report.cases)} cases"
+
+
+def shape_order(cases: Sequence[Case]) -> list[str]:
+    """Shapes by the work they do (FLOPs), so an axis reads small to large."""
+    work: dict[str, float] = {}
+    for c in cases:
+        work[c.shape] = max(work.get(c.shape, 0.0), c.flops or 0.0)
+    return sorted(work, key=lambda s: (work[s], s))

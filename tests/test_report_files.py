@@ -1,0 +1,102 @@
+"""End to end: a guarded run writes its results file, and `perfguard report` turns it into the HTML report
+and the Markdown summary, the regression first, with its command.
+
+Timing runs on a fake nanosecond clock that the kernels advance, so the verdicts are deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from pytest_perfguard.cli import main
+
+pytest_plugins = ["pytester"]
+
+SUITE = """
+import os
+import random
+import pytest
+import torch
+from pytest_perfguard import perf_case
+
+class Clock:
+    ns = 0
+    def __call__(self):
+        return self.ns
+
+CLOCK = Clock()
+NOISE = random.Random(7)
+SLOW = float(os.environ.get("PLANTED", "1.0"))
+
+def oracle(x):
+    return x * 2
+
+def kernel(ns):
+    def run(x):
+        CLOCK.ns += int(ns * NOISE.lognormvariate(0.0, 0.005))
+        return x * 2
+    return run
+
+@perf_case(variants={"lean": kernel(2000 * SLOW), "wide": kernel(5000)}, reference=oracle, against=kernel(1000),
+           flops=lambda n: 2.0 * n, clock=CLOCK)
+@pytest.mark.parametrize("n", [64, 256])
+def test_double(n, perfguard_device):
+    return (torch.randn(n, dtype=torch.float64),), {}
+"""
+
+
+def _run(p: pytest.Pytester, *args: str, planted: str = "1.0") -> pytest.RunResult:
+    os.environ["PLANTED"] = planted
+    try:
+        return p.runpytest_subprocess(
+            "-p", "no:xdist", "-p", "no:cacheprovider", "--perfguard-case-budget", "5", *args
+        )
+    finally:
+        os.environ.pop("PLANTED", None)
+
+
+def test_a_planted_regression_leads_the_html_and_markdown(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    (pytester.path / ".ci" / "baselines").mkdir(parents=True)
+    _run(pytester, "--perfguard-update-baseline").assert_outcomes(passed=4)
+    # --perfguard-no-confirm: the fresh-process confirmation is the plugin's business, not the report's
+    result = _run(
+        pytester, "--perfguard", "--perfguard-no-confirm", "--perfguard-json", "r.json", planted="1.5"
+    )
+    result.assert_outcomes(passed=2, failed=2)
+
+    results = pytester.path / "r.json"
+    md, html = pytester.path / "out" / "summary.md", pytester.path / "out" / "report.html"
+    args = ["report", str(results), "--markdown", str(md)]
+    has_plotly = True
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        has_plotly = False
+    assert main(args + (["--html", str(html)] if has_plotly else [])) == 0
+    capsys.readouterr()
+
+    text = md.read_text()
+    assert "**2 regressed · 2 pass of 4 cases**" in text
+    rows = [line for line in text.splitlines() if line.startswith("| **regressed**")]
+    assert len(rows) == 2 and all("lean" in row for row in rows)
+    assert "`pytest 'test_suite.py::test_double[lean-64]' --perfguard`" in text
+    chart = re.search(r"```mermaid\n(.*?)```", text, re.S)
+    assert chart is not None and 'x-axis ["64", "256"]' in chart.group(1)
+    assert len(re.findall(r"^  line \[", chart.group(1), re.M)) == 2
+
+    if has_plotly:
+        page = html.read_text()
+        first_failure = page.index("Failing and inconclusive cases")
+        assert page.index("test_double[lean-64]", first_failure) < page.index("Per variant, over the grid")
+        specs = re.findall(r'<script type="application/json" id="spec-\d+">(.*?)</script>', page, re.S)
+        figures = [json.loads(s) for s in specs]
+        # one grid figure (lean, wide, timed against the reference), one gates figure, one per case
+        assert len(figures) == 2 + 4
+        assert {t.get("name") for f in figures for t in f["data"]} >= {"lean", "wide", "margin band"}
