@@ -330,11 +330,11 @@ def measure(
             call()
     single = max(min(timer.single_call_ns(call) for _ in range(3)) for call in firsts.values())
     reps = copies if copies is not None else choose_reps(single, cfg, bytes_per_copy)
-    # Slow calls get fewer samples per block, so min_blocks blocks still fit the budget where possible.
-    per_block_ns = single * reps * len(makers)
-    spb = int(max(1, min(cfg.samples_per_block, budget_ns // max(cfg.min_blocks * per_block_ns, 1.0))))
     every = cfg.recapture_every if base is not None else 0
     min_blocks = max(cfg.min_blocks, cfg.min_groups * every) if every else cfg.min_blocks
+    # Slow calls get fewer samples per block, so min_blocks blocks still fit the budget where possible.
+    per_block_ns = single * reps * len(makers)
+    spb = int(max(1, min(cfg.samples_per_block, budget_ns // max(min_blocks * per_block_ns, 1.0))))
 
     def prepare() -> dict[str, PreparedSample]:
         order = list(makers)
