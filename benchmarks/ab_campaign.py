@@ -88,20 +88,23 @@ def run_suite(repo: Path, out: Path, name: str, extra: list[str], log: Path) -> 
     return wall, doc
 
 
+CALIBRATE = """
+import json, torch
+from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
+timer, cfg = CudaTimer(), MeasureConfig(target=0.005, budget_s=2.0)
+spin = lambda n: measure(lambda i: (lambda: torch.cuda._sleep(n)), None, timer, cfg).time.estimate
+floor, high = spin(0), spin(200_000)
+print(json.dumps([(high - floor) / 200_000, floor]))
+"""
+
+
 def calibrate() -> tuple[float, float]:
-    """ns per spin cycle and the floor of one extra (empty) spin node, timed in CUDA graphs."""
-    import torch
-
-    from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
-
-    timer = CudaTimer()
-    cfg = MeasureConfig(target=0.005, budget_s=2.0)
-
-    def spin(n: int) -> float:
-        return measure(lambda i: (lambda: torch.cuda._sleep(n)), None, timer, cfg).time.estimate
-
-    floor, high = spin(0), spin(200_000)
-    return (high - floor) / 200_000, floor
+    """ns per spin cycle and the floor of one extra (empty) spin node, timed in CUDA graphs. In a process of
+    its own: a CUDA context left in this one would be another process on the GPU for every later run."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", CALIBRATE], env=env, capture_output=True, text=True, check=True)
+    ns_per_cycle, floor = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(ns_per_cycle), float(floor)
 
 
 def timed(doc: dict[str, Any]) -> list[dict[str, Any]]:

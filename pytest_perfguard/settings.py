@@ -25,7 +25,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 DEFAULT_MARGIN = 0.05  # the A/A rates behind it: benchmarks/results/README.md
-DEFAULT_AB_MARGIN = 0.02  # head vs base in one process: see benchmarks/results/README.md
+DEFAULT_AB_MARGIN = 0.015  # head vs base in one process: benchmarks/results/ab_2026-11-23.md
 
 
 def _fraction(value: float) -> None:

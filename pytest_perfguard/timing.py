@@ -353,6 +353,7 @@ def measure(
     while len(blocks["v"]) < cfg.max_blocks:
         n = len(blocks["v"])
         if every and n and n % every == 0:
+            samples.clear()  # free the old graphs first: two sets of captures of a large case need twice the memory
             samples = prepare()
         per_side: dict[str, list[float]] = {side: [] for side in makers}
         for _ in range(spb):
