@@ -139,7 +139,9 @@ def impossible_speed(peak: Peak, *, tflops: float | None, gbps: float | None) ->
     return None
 
 
-def percent_of_peak(peak: Peak, *, tflops: float | None, gbps: float | None, dtype: str) -> tuple[float | None, float | None]:
+def percent_of_peak(
+    peak: Peak, *, tflops: float | None, gbps: float | None, dtype: str
+) -> tuple[float | None, float | None]:
     """(% of peak compute, % of peak bandwidth). Half precision is compared with the tensor peak, the rest with fp32."""
     compute_peak = peak.tensor_tflops if dtype in ("float16", "bfloat16") else peak.fp32_tflops
     pc = 100 * tflops / compute_peak if tflops else None

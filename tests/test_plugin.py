@@ -45,7 +45,9 @@ def timed(ns, noise=0.01, fn=reference):
     """A kernel taking `ns` fake nanoseconds with 1% multiplicative noise (lognormal).
 
     Timing calls it thousands of times on the same few input copies; the memo (which holds the inputs,
-    so their ids stay unique) keeps the real work to one computation per input set.
+    so their ids stay unique) keeps the real work to one computation per input set. It is keyed by the
+    inputs' version counters too: the guard refills an input in place to check the timed calls, and a
+    memo blind to that would be the cache it is built to catch.
     """
     def kernel(q, k, v, causal):
         CLOCK.t += int(ns * RNG.lognormvariate(0.0, noise))

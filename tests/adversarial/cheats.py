@@ -214,7 +214,10 @@ def timed_differently() -> Kernel:
 CATALOGUE: dict[str, tuple[Callable[[], Kernel], str]] = {
     "side_stream": (side_stream, "work outside the timed stream (GPU only)"),
     "background_thread": (background_thread, "timed output wrong"),
-    "cache_by_pointer": (cache_by_pointer, "timed output wrong (or incorrect, when pointers repeat across seeds)"),
+    "cache_by_pointer": (
+        cache_by_pointer,
+        "timed output wrong (or incorrect, when pointers repeat across seeds)",
+    ),
     "stale_buffer": (stale_buffer, "timed output wrong (or incorrect)"),
     "partial_write": (lambda: partial_write, "incorrect: unwritten output (NaN-poisoned on GPU)"),
     "mutate_input": (lambda: mutate_input, "incorrect: input modified in place"),

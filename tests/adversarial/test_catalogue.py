@@ -19,7 +19,7 @@ pytest_plugins = ["pytester"]
 
 CHEATS = (Path(__file__).parent / "cheats.py").read_text()
 
-CASES = '''
+CASES = """
 import pytest
 import torch
 from pytest_perfguard import Variant, perf_case
@@ -63,9 +63,9 @@ def test_degenerate(perfguard_device):
     q = torch.zeros(1, 2, 32, 16, device=perfguard_device)
     k, v = (torch.randn(1, 2, 32, 16, device=perfguard_device) for _ in range(2))
     return (q, k, v), {"causal": False}
-'''
+"""
 
-PATCHES = '''
+PATCHES = """
 import torch
 from pytest_perfguard import perf_case
 import cheats as c
@@ -78,7 +78,7 @@ import cheats as c
 def test_patched(perfguard_device):
     q, k, v = (torch.randn(1, 2, 32, 16, device=perfguard_device) for _ in range(3))
     return (q, k, v), {"causal": True}
-'''
+"""
 
 # variant -> (verdict, pattern its message must match)
 EXPECTED = {
@@ -103,8 +103,20 @@ def _run(pytester: pytest.Pytester, source: str) -> tuple[pytest.RunResult, dict
     pytester.makepyfile(cheats=CHEATS, test_cases=source)
     (pytester.path / ".ci" / "baselines").mkdir(parents=True)
     result = pytester.runpytest_subprocess(
-        "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "no:randomly", "--perfguard", "--perfguard-device", "cpu",
-        "--perfguard-case-budget", "1", "--perfguard-update-baseline", "--perfguard-json", "out/results.json",
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "--perfguard",
+        "--perfguard-device",
+        "cpu",
+        "--perfguard-case-budget",
+        "1",
+        "--perfguard-update-baseline",
+        "--perfguard-json",
+        "out/results.json",
     )
     doc = json.loads((pytester.path / "out" / "results.json").read_text())
     by_variant = {r["variant"]: r for r in doc["results"]}
