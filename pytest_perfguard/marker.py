@@ -60,6 +60,7 @@ class Variant:
             raise TypeError(
                 f"Variant not_kernels must be a list of non-empty name substrings, got {self.not_kernels!r}"
             )
+        object.__setattr__(self, "not_kernels", tuple(self.not_kernels))  # frozen: keep it hashable
 
 
 @dataclass(frozen=True)
