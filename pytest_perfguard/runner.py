@@ -341,7 +341,7 @@ class Runner:
     def _physics(self, record: CaseRecord, trial: Trial, m: Measurement) -> str | None:
         """% of peak for the record, and the flag when a throughput exceeds the device's peak."""
         if self.state.kind != "cuda":
-            record.notes.append("physics check: not on CPU (no peak table)")
+            record.notes.append("physics check: not on CPU (no peak table for a host)")
             return None
         device = torch.device(self.state.settings.device)
         spec = peaks.device_spec(device.index if device.index is not None else torch.cuda.current_device(), nvml)
@@ -543,7 +543,7 @@ class Runner:
             record.baseline_hold = confirmation.hold_back or None
         record.gates = [g.to_json() for g in verdict.gates]
         record.mde = case_mde(verdict.deciding_gates(), variant_is_against=trial.variant.fn is trial.case.against)
-        record.notes, record.disturbances = verdict.notes, verdict.disturbances
+        record.notes, record.disturbances = [*record.notes, *verdict.notes], verdict.disturbances
         record.verdict = status
         record.reasons = [g.reason for g in verdict.gates if g.reason] + verdict.disturbances + verdict.notes
         if confirmation is not None and confirmation.info is not None:
