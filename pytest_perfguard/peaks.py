@@ -8,6 +8,7 @@ peaks are upper bounds, so the check only ever rejects the impossible.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +64,9 @@ class DeviceSpec:
 
 
 def _from_table(name: str) -> Peak | None:
+    """The longest key found in `name` as a whole word: "L4" is not the L40S, "H200" not the GH200."""
     for key in sorted(PEAKS, key=len, reverse=True):
-        if key.lower() in name.lower():
+        if re.search(rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])", name.lower()):
             return PEAKS[key]
     return None
 

@@ -38,6 +38,9 @@ def test_the_table_knows_each_gpu_by_its_torch_name(name: str, tflops: float, gb
 
 def test_an_unknown_gpu_without_clocks_has_no_peak_and_one_with_clocks_is_computed() -> None:
     assert peak_for(DeviceSpec("NVIDIA Future 9000", (12, 0), 200)) is None
+    # names that contain a known one are other GPUs: an L40S is not an L4, a GH200 not an H200
+    assert peak_for(DeviceSpec("NVIDIA L40S", (8, 9), 142)) is None
+    assert peak_for(DeviceSpec("NVIDIA GH200 480GB", (9, 0), 132)) is None
     # an H100 SXM described by its clocks alone: 132 SMs at 1830 MHz, HBM3 at 2619 MHz on 5120 bits
     spec = DeviceSpec("Some sm90 part", (9, 0), 132, 1830.0, 2619.0, 5120)
     peak = peak_for(spec)
