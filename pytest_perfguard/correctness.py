@@ -98,7 +98,8 @@ def _finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _tensors(inputs: Inputs) -> list[tuple[str, torch.Tensor]]:
+def tensors_of(inputs: Inputs) -> list[tuple[str, torch.Tensor]]:
+    """The tensor inputs with their names (arg0, arg1, ..., or the keyword)."""
     args, kwargs = inputs
     out = [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     out += [(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
@@ -124,7 +125,7 @@ def poison_allocator(inputs: Inputs) -> None:
     gate reports as unwritten output. 0xFF bytes are NaN in fp16, bf16, fp32 and fp64. The CPU allocator
     hands out fresh pages, so on CPU this is not possible and unwritten output may read as zero.
     """
-    tensors = [t for _, t in _tensors(inputs) if t.is_cuda]
+    tensors = [t for _, t in tensors_of(inputs) if t.is_cuda]
     if not tensors:
         return
     sizes = sorted({t.numel() * t.element_size() for t in tensors})
@@ -151,6 +152,14 @@ def _index(flat_index: int, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(idx))
 
 
+def modified_input(before: Sequence[tuple[str, torch.Tensor]], after: Sequence[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first input whose values differ from its copy taken before the call, or None."""
+    for (name, b), (_, a) in zip(before, after, strict=True):
+        if b.shape != a.shape or not torch.equal(b.nan_to_num(), a.detach().nan_to_num()):
+            return name
+    return None
+
+
 class CorrectnessFailure(AssertionError):
     """The variant computed the wrong thing; the message says how, with the seed to reproduce it."""
 
@@ -163,13 +172,11 @@ def check_once(
     overrides: Sequence[Mapping[Any, Mapping[str, float]] | None],
 ) -> SeedReport:
     inputs = make_inputs(seed)
-    tensors = _tensors(inputs)
+    tensors = tensors_of(inputs)
     if not tensors:
         raise CorrectnessFailure("the test returned no tensor inputs: return ((q, k, v, ...), {kwargs})")
     untouched = [(name, t.detach().clone()) for name, t in tensors]
     upcast = _map_inputs(inputs, _upcast)
-    floats = [t for _, t in tensors if t.is_floating_point()]
-    in_dtype = floats[0].dtype if floats else tensors[0][1].dtype
     device = tensors[0][1].device
 
     poison_allocator(inputs)
@@ -177,10 +184,30 @@ def check_once(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
-    for (name, before), (_, after) in zip(untouched, tensors, strict=True):
-        if before.shape != after.shape or not torch.equal(before.nan_to_num(), after.detach().nan_to_num()):
-            raise CorrectnessFailure(f"input {name} was modified in place by the variant (seed {seed})")
+    changed = modified_input(untouched, tensors)
+    if changed:
+        raise CorrectnessFailure(f"input {changed} was modified in place by the variant (seed {seed})")
 
+    return judge_output(out, inputs, reference, overrides, seed=seed, upcast=upcast)
+
+
+def judge_output(
+    out: Any,
+    inputs: Inputs,
+    reference: Callable[..., Any],
+    overrides: Sequence[Mapping[Any, Mapping[str, float]] | None],
+    *,
+    seed: int,
+    upcast: Inputs | None = None,
+) -> SeedReport:
+    """Judges one output against the float64 oracle on `inputs`: type, shape, dtype, device, unwritten
+    elements and the error bounds. The timed-output check (integrity.py) reuses it on a replay's output."""
+    if upcast is None:
+        upcast = _map_inputs(inputs, _upcast)
+    tensors = tensors_of(inputs)
+    floats = [t for _, t in tensors if t.is_floating_point()]
+    in_dtype = floats[0].dtype if floats else tensors[0][1].dtype
+    device = tensors[0][1].device
     if type(out) is not torch.Tensor:
         raise CorrectnessFailure(f"the variant returned {type(out).__name__}, expected a plain torch.Tensor (seed {seed})")
 

@@ -34,12 +34,18 @@ _REQUIREMENT_HELP = "'cuda', 'triton', 'nvcc', 'sm<major><minor>' (e.g. 'sm80'),
 
 @dataclass(frozen=True)
 class Variant:
-    """One implementation under guard, with what it needs and its own limits."""
+    """One implementation under guard, with what it needs and its own limits.
+
+    not_kernels: substrings of operator or kernel names the variant declares it never runs (e.g.
+    "scaled_dot_product" for a kernel that claims to replace SDPA). Once per case, outside the timed
+    window, one call is profiled; a name that matches fails the case as a silent fallback.
+    """
 
     fn: Callable[..., Any]
     requires: Requirement | Sequence[Requirement] | None = None
     max_ratio: float | None = None
     tolerance: ToleranceTable | None = None
+    not_kernels: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -50,6 +56,11 @@ class Variant:
         if self.max_ratio is not None and not (isinstance(self.max_ratio, int | float) and self.max_ratio > 0):
             raise ValueError(f"max_ratio must be a positive number, got {self.max_ratio!r}")
         _check_tolerance(self.tolerance, "Variant tolerance")
+        if isinstance(self.not_kernels, str) or not all(isinstance(k, str) and k for k in self.not_kernels):
+            raise TypeError(
+                f"Variant not_kernels must be a list of non-empty name substrings, got {self.not_kernels!r}"
+            )
+        object.__setattr__(self, "not_kernels", tuple(self.not_kernels))  # frozen: keep it hashable
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class PerfCase:
     seeds: int = 3
     max_ratio: float | None = None
     clock: Clock | None = None
+    bytes: Callable[..., float] | None = None
     against_name: str = field(default="against")
     against_backend: Callable[..., str] | None = None
 
@@ -159,6 +171,7 @@ def perf_case(
     max_ratio: float | None = None,
     clock: Clock | None = None,
     against_backend: Callable[..., str] | None = None,
+    bytes: Callable[..., float] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Guards every variant of a kernel: one test item per variant and parametrization.
 
@@ -171,7 +184,9 @@ def perf_case(
     correctness trials (at least 3). max_ratio: default ratio limit to `against`. clock: a nanosecond
     clock for the CPU timer, for testing the guard itself. against_backend: called with a case's inputs,
     names the implementation `against` dispatches to (e.g. SDPA's flash or cuDNN backend); it is stored
-    with the baseline, and a change of it makes the baseline "not comparable".
+    with the baseline, and a change of it makes the baseline "not comparable". bytes: bytes moved per call
+    from the test's parameters (by name), for GB/s; by default the sizes of the inputs and the output.
+    A throughput above the GPU's peak fails the case (integrity.py).
     """
     if not isinstance(variants, Mapping) or not variants:
         raise TypeError("perf_case(variants=...) must be a non-empty dict of name -> callable or Variant")
@@ -188,6 +203,8 @@ def perf_case(
         raise TypeError("perf_case(against_backend=...) must be callable: it takes the inputs and names a backend")
     if flops is not None and not callable(flops):
         raise TypeError("perf_case(flops=...) must be a callable taking the test's parameters by name")
+    if bytes is not None and not callable(bytes):
+        raise TypeError("perf_case(bytes=...) must be a callable taking the test's parameters by name")
     if not isinstance(seeds, int) or seeds < 3:
         raise ValueError(f"perf_case(seeds=...) must be an integer >= 3, got {seeds!r}")
     if max_ratio is not None and not (isinstance(max_ratio, int | float) and max_ratio > 0):
@@ -203,6 +220,7 @@ def perf_case(
         max_ratio=max_ratio,
         clock=clock,
         against_backend=against_backend,
+        bytes=bytes,
         against_name=getattr(against, "__name__", "against") if against is not None else "against",
     )
 

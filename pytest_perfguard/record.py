@@ -96,6 +96,9 @@ class CaseRecord:
     tflops: float | None = None
     bytes: float | None = None
     gbps: float | None = None
+    pct_peak_compute: float | None = None  # % of the device's peak for the inputs' dtype (peaks.py)
+    pct_peak_bandwidth: float | None = None
+    checks_s: float | None = None  # device time the integrity checks took, outside the timed window
     # judgement
     gates: list[dict[str, Any]] = field(default_factory=list)
     mde: float | None = None

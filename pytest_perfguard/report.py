@@ -87,7 +87,7 @@ def rows(records: Iterable[CaseRecord]) -> list[list[str]]:
     for r in sorted(records, key=lambda r: r.id):
         if r.median_ns is None:
             why = "; ".join(r.reasons) or str(r.verdict or r.outcome)
-            out.append([r.test, r.variant, _shape(r), "-", "-", "-", "-", *(["-"] if ab else []), "-", _short(why)])
+            out.append([r.test, r.variant, _shape(r), "-", "-", "-", "-", "-", *(["-"] if ab else []), "-", _short(why)])
             continue
         out.append(
             [
@@ -96,6 +96,7 @@ def rows(records: Iterable[CaseRecord]) -> list[list[str]]:
                 _shape(r),
                 f"{format_time(r.median_ns)} {_pm(r.median_ns, r.ci_ns)}",
                 _tflops(r),
+                _gbps(r),
                 format_ratio(r.ratio, r.ratio_ci),
                 _delta(r, "baseline"),
                 *([_delta(r, "ab")] if ab else []),
@@ -111,9 +112,18 @@ def _tflops(r: CaseRecord) -> str:
     t, flops, ci = r.tflops, r.flops, r.ci_ns
     if not t:
         return "-"
+    pct = f" ({r.pct_peak_compute:.0f}% pk)" if r.pct_peak_compute is not None else ""
     if not flops or not ci or not ci[0] or not ci[1]:
-        return f"{t:.3g}"
-    return f"{t:.3g} [{flops / ci[1] / 1e3:.3g}, {flops / ci[0] / 1e3:.3g}]"
+        return f"{t:.3g}{pct}"
+    return f"{t:.3g} [{flops / ci[1] / 1e3:.3g}, {flops / ci[0] / 1e3:.3g}]{pct}"
+
+
+def _gbps(r: CaseRecord) -> str:
+    """GB/s from the bytes the call moves (given, or its inputs and output), with % of peak bandwidth."""
+    if not r.gbps:
+        return "-"
+    pct = f" ({r.pct_peak_bandwidth:.0f}% pk)" if r.pct_peak_bandwidth is not None else ""
+    return f"{r.gbps:.4g}{pct}"
 
 
 HEADERS = [
@@ -122,6 +132,7 @@ HEADERS = [
     "shape",
     "time ± CI",
     "TFLOP/s [95% CI]",
+    "GB/s",
     "ratio vs against [95% CI]",
     "Δ vs baseline [95% CI]",
     "MDE (95%)",
@@ -142,7 +153,7 @@ def table(records: Iterable[CaseRecord], fmt: str = "simple") -> str:
     records = list(records)
     headers = list(HEADERS)
     if any(r.gate("ab") is not None for r in records):
-        headers.insert(7, AB_HEADER)
+        headers.insert(headers.index("MDE (95%)"), AB_HEADER)
     return tabulate(rows(records), headers=headers, tablefmt=fmt, disable_numparse=True)
 
 

@@ -25,10 +25,11 @@ import pytest
 import torch
 
 from . import baseline as bl
+from . import integrity, peaks
 from .ab import Twin, base_arguments
 from .confirm import Confirmation, confirm_move, confirm_regression
 from .correctness import CorrectnessReport, Inputs, check
-from .device import Disturbances, incomparable
+from .device import Disturbances, incomparable, nvml
 from .locks import device_lock
 from .marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
 from .record import CaseRecord, Outcome, Status
@@ -83,14 +84,23 @@ def _draw_seeds(n: int, fixed: int | None) -> list[int]:
     return [sysrand.randrange(1, 2**31 - 1) for _ in range(n)]
 
 
-def _flops(case: PerfCase, params: dict[str, Any]) -> float | None:
-    if case.flops is None:
+def _count(what: str, fn: Callable[..., float] | None, params: dict[str, Any]) -> float | None:
+    """The case's `flops` or `bytes` callable applied to the test parameters it names."""
+    if fn is None:
         return None
-    names = inspect.signature(case.flops).parameters
+    names = inspect.signature(fn).parameters
     try:
-        return float(case.flops(**{k: params[k] for k in names if k in params}))
+        return float(fn(**{k: params[k] for k in names if k in params}))
     except Exception as exc:
-        raise TypeError(f"flops callable failed with the test parameters {sorted(params)}: {exc}") from exc
+        raise TypeError(f"{what} callable failed with the test parameters {sorted(params)}: {exc}") from exc
+
+
+def _flops(case: PerfCase, params: dict[str, Any]) -> float | None:
+    return _count("flops", case.flops, params)
+
+
+def _tensor_bytes(value: object) -> int:
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
 def _display_params(item: pytest.Item) -> dict[str, Any]:
@@ -254,12 +264,102 @@ class Runner:
             return
         trial = Trial(case, variant_name, variant, params, make_inputs, seeds, first)
         twin = self._twin(trial, record) if s.against else None
+        self._stage = "integrity checks"
+        t_checks = time.monotonic()
+        flag = self._before_timing(trial)
+        checks_s = time.monotonic() - t_checks
+        if flag:
+            record.checks_s = round(checks_s, 4)
+            self._flag(record, flag, [])
+            return
         self._stage = "timing"
         t0 = time.monotonic()
         m, verdict = self._measure_and_judge(trial, record, twin)
         self.state.timing_spent_s += time.monotonic() - t0
         self._record_timing(record, trial, m, verdict)
+        self._stage = "integrity checks"
+        t_checks = time.monotonic()
+        flag = self._after_timing(trial, record, m)
+        record.checks_s = round(checks_s + time.monotonic() - t_checks, 4)
+        if flag:
+            self._flag(record, flag, verdict.notes)
+            return
         self._confirm_and_conclude(record, trial, verdict)
+
+    # ------------------------------------------------------------------------------------- integrity
+
+    def _flag(self, record: CaseRecord, message: str, notes: list[str]) -> None:
+        """A timing the guard cannot believe fails the case: never inconclusive, never faster, never a baseline."""
+        record.reasons = [message]
+        record.notes = [*record.notes, *notes]
+        self._fail(record, f"{record.variant}: flagged: {message}", Status.FLAGGED)
+
+    def _engine_bindings(self) -> dict[str, tuple[Any, Any]]:
+        original = integrity.ORIGINAL_TIMERS
+        return {
+            f"{__name__}.{name}": (globals()[name], original[f"{Measurement.__module__}.{name}"])
+            for name in ("measure", "make_timer", "pooled")
+        }
+
+    def _before_timing(self, trial: Trial) -> str | None:
+        """Checks that need no timing: a patched timer, degenerate inputs, a declared kernel that is not."""
+        patched = integrity.patched_timers(self._engine_bindings())
+        if patched:
+            return integrity.patched_message(patched)
+        degenerate = integrity.degenerate_input(trial.first)
+        if degenerate:
+            return degenerate
+        if trial.variant.not_kernels:
+            args, kwargs = trial.first
+            with self._lock(exclusive=False):
+                names = integrity.profiled_names(
+                    lambda: trial.variant.fn(*args, **kwargs), cuda=self.state.kind == "cuda"
+                )
+            return integrity.forbidden_kernel(names, trial.variant.not_kernels)
+        return None
+
+    def _after_timing(self, trial: Trial, record: CaseRecord, m: Measurement) -> str | None:
+        """What was timed is what was checked; the events saw the work; the speed is physically possible."""
+        patched = integrity.patched_timers(self._engine_bindings())
+        if patched:
+            return integrity.patched_message(patched)
+        s, case = self.state.settings, trial.case
+        seed = _draw_seeds(1, s.seed + 7919 if s.seed is not None else None)[0]
+        with self._lock(exclusive=True):
+            wrong = integrity.timed_outputs(
+                m.outputs, m.sample, trial.first, trial.make_inputs(seed), case.reference,
+                [case.tolerance, trial.variant.tolerance], seed=seed,
+            )
+        if wrong:
+            return wrong
+        if m.mode.startswith("cuda"):
+            hidden = integrity.unseen_work(m.gap_ns, m.sample_ns, m.overhead_ns, m.reps)
+            if hidden:
+                return hidden
+        return self._physics(record, trial, m)
+
+    def _physics(self, record: CaseRecord, trial: Trial, m: Measurement) -> str | None:
+        """% of peak for the record, and the flag when a throughput exceeds the device's peak."""
+        if self.state.kind != "cuda":
+            record.notes.append("physics check: not on CPU (no peak table for a host)")
+            return None
+        device = torch.device(self.state.settings.device)
+        spec = peaks.device_spec(device.index if device.index is not None else torch.cuda.current_device(), nvml)
+        peak = peaks.peak_for(spec)
+        if peak is None:
+            record.notes.append(f"physics check skipped: no peak known for {spec.name}")
+            return None
+        dtype = (record.correctness or {}).get("dtype", "")
+        record.pct_peak_compute, record.pct_peak_bandwidth = (
+            _finite(None if x is None else round(x, 2))
+            for x in peaks.percent_of_peak(peak, tflops=record.tflops, gbps=record.gbps, dtype=dtype)
+        )
+        # Derived bytes count the output, which may still sit in L2 when the events stop: the bound uses the
+        # inputs alone, read cold (the L2 is flushed before every sample). Given bytes are taken as given.
+        given = trial.case.bytes is not None
+        bound_bytes = record.bytes if given else float(input_bytes(trial.first))
+        bound_gbps = bound_bytes / m.time.estimate if bound_bytes and m.time.estimate > 0 else None
+        return peaks.impossible_speed(peak, tflops=record.tflops, gbps=bound_gbps)
 
     def _runnable(self, record: CaseRecord, variant: Variant) -> bool:
         s = self.state.settings
@@ -360,11 +460,6 @@ class Runner:
             m = pooled(m, m2, cfg.confidence)
             verdict = self._judge(trial, record, m, twin)
             verdict.notes.append("re-measured once in a fresh order (blocks pooled)")
-        if m.wall_ratio > 1.5 and m.mode.startswith("cuda") and m.time.estimate * m.reps > 1e6:
-            verdict.disturbances.append(
-                f"wall-clock time is {m.wall_ratio:.1f}x the CUDA-event time: work outside the timed stream, "
-                "or host work"
-            )
         return m, verdict
 
     def _stored(self) -> bl.BaselineEntry | None:
@@ -409,6 +504,11 @@ class Runner:
         record.elapsed_s, record.wall_ratio = round(m.elapsed_s, 4), round(m.wall_ratio, 3)
         record.flops = flops
         record.tflops = (flops / (m.time.estimate * 1e-9) / 1e12) if flops else None
+        nbytes = _count("bytes", case.bytes, trial.params)
+        if nbytes is None:  # what the call must read and write at least: its inputs and its output
+            nbytes = float(input_bytes(trial.first) + _tensor_bytes(m.outputs.get(0)))
+        record.bytes = nbytes
+        record.gbps = nbytes / m.time.estimate if nbytes and m.time.estimate > 0 else None
         record.variant_blocks = [round(x, 3) for x in m.variant_blocks]
         record.against_blocks = [round(x, 3) for x in m.against_blocks] if m.against_blocks else None
         if m.base_blocks is not None:
@@ -443,7 +543,7 @@ class Runner:
             record.baseline_hold = confirmation.hold_back or None
         record.gates = [g.to_json() for g in verdict.gates]
         record.mde = case_mde(verdict.deciding_gates(), variant_is_against=trial.variant.fn is trial.case.against)
-        record.notes, record.disturbances = verdict.notes, verdict.disturbances
+        record.notes, record.disturbances = [*record.notes, *verdict.notes], verdict.disturbances
         record.verdict = status
         record.reasons = [g.reason for g in verdict.gates if g.reason] + verdict.disturbances + verdict.notes
         if confirmation is not None and confirmation.info is not None:

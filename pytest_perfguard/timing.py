@@ -7,8 +7,9 @@ samples inside one block are correlated, blocks much less so.
 
 On CUDA a sample is one replay of a CUDA graph holding the `reps` calls, timed with events, after the L2
 cache was flushed outside the timed window: the queue stays full, so a 9 us kernel reads 9 us rather
-than the host's launch latency. A wall-clock reading of each replay is kept as a cross-check for work
-the events did not see (another stream, host work). On CPU the same engine uses an injectable clock,
+than the host's launch latency. A wall-clock reading of each replay, closed by a device-wide
+synchronise, is a cross-check for work the events did not see (another stream, host work): its excess
+over the events' time is each sample's `gap_ns`, judged by integrity.unseen_work. On CPU the same engine uses an injectable clock,
 `time.perf_counter_ns` by default, which makes the statistics testable deterministically.
 """
 
@@ -34,6 +35,7 @@ class SampleTime:
 
     device_ns: float
     wall_ns: float
+    gap_ns: float = 0.0  # the whole sample's wall time minus the device time the events cover (not per call)
 
 
 class PreparedSample(Protocol):
@@ -54,6 +56,10 @@ class Timer(Protocol):
 
     def single_call_ns(self, call: Call) -> float: ...
 
+    def overhead_ns(self) -> float:
+        """The wall-minus-events gap of a sample doing no work: the floor of the unseen-work check."""
+        ...
+
 
 # ----------------------------------------------------------------------------------------------- CPU
 
@@ -72,7 +78,7 @@ class _CpuSample:
         for call in self._calls:
             call()
         elapsed = float(clock() - t0) / self.reps
-        return SampleTime(elapsed, elapsed)
+        return SampleTime(elapsed, elapsed, 0.0)
 
 
 class CpuTimer:
@@ -94,6 +100,9 @@ class CpuTimer:
         call()
         return float(self.clock() - t0)
 
+    def overhead_ns(self) -> float:
+        return 0.0  # one clock sees everything on the host
+
 
 # ---------------------------------------------------------------------------------------------- CUDA
 
@@ -101,11 +110,12 @@ class CpuTimer:
 class _CudaGraphSample:
     mode = "cuda-graph"
 
-    def __init__(self, timer: CudaTimer, calls: Sequence[Call]) -> None:
+    def __init__(self, timer: CudaTimer, calls: Sequence[Call], *, flush: bool = True) -> None:
         import torch
 
         self._timer = timer
-        self.reps = len(calls)
+        self._flush = flush
+        self.reps = max(1, len(calls))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
@@ -122,15 +132,19 @@ class _CudaGraphSample:
         self._end = torch.cuda.Event(enable_timing=True)
 
     def __call__(self) -> SampleTime:
-        self._timer.flush_l2()
+        import torch
+
+        if self._flush:
+            self._timer.flush_l2()
+        torch.cuda.synchronize()  # the flush stays out of the wall-clock reading
         t0 = time.perf_counter_ns()
         self._start.record()
         self._graph.replay()
         self._end.record()
-        self._end.synchronize()
+        torch.cuda.synchronize()  # device-wide: work on any stream ends before the wall clock stops
         wall = float(time.perf_counter_ns() - t0)
         device = self._start.elapsed_time(self._end) * 1e6
-        return SampleTime(device / self.reps, wall / self.reps)
+        return SampleTime(device / self.reps, wall / self.reps, wall - device)
 
 
 class _CudaStreamSample:
@@ -144,6 +158,7 @@ class _CudaStreamSample:
         self._timer = timer
         self._calls = list(calls)
         self.reps = len(self._calls)
+        self._pre = torch.cuda.Event(enable_timing=True)
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
 
@@ -151,16 +166,19 @@ class _CudaStreamSample:
         import torch
 
         self._timer.flush_l2()
-        torch.cuda._sleep(self._timer.spin_cycles)
+        torch.cuda.synchronize()
         t0 = time.perf_counter_ns()
+        self._pre.record()  # the spin is device time the wall clock sees: the gap counts from here
+        torch.cuda._sleep(self._timer.spin_cycles)
         self._start.record()
         for call in self._calls:
             call()
         self._end.record()
-        self._end.synchronize()
+        torch.cuda.synchronize()
         wall = float(time.perf_counter_ns() - t0)
         device = self._start.elapsed_time(self._end) * 1e6
-        return SampleTime(device / self.reps, wall / self.reps)
+        covered = self._pre.elapsed_time(self._end) * 1e6
+        return SampleTime(device / self.reps, wall / self.reps, wall - covered)
 
 
 class CudaTimer:
@@ -182,6 +200,7 @@ class CudaTimer:
         self._flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=self.device) if cold_l2 else None
         self.spin_cycles = 2_000_000
         self.capture_errors: list[str] = []
+        self._overhead_ns: float | None = None
 
     def flush_l2(self) -> None:
         if self._flush is not None:
@@ -200,6 +219,17 @@ class CudaTimer:
 
     def now_ns(self) -> int:
         return time.perf_counter_ns()
+
+    def overhead_ns(self) -> float:
+        """The 90th percentile of an empty graph's replay gap (events, replay, device-wide sync), measured once."""
+        if self._overhead_ns is None:
+            import torch
+
+            one = torch.zeros(1, device=self.device)  # a one-element kernel: an empty graph cannot be replayed
+            empty = _CudaGraphSample(self, [lambda: one.add_(0)], flush=False)
+            gaps = sorted(empty().gap_ns for _ in range(50))
+            self._overhead_ns = gaps[int(0.9 * len(gaps))]
+        return self._overhead_ns
 
     def single_call_ns(self, call: Call) -> float:
         import torch
@@ -258,6 +288,14 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
     base_blocks: list[float] | None = None  # the base revision's twin, timed in the same blocks
     groups: list[int] | None = None  # the capture group of each block (A/B)
+    gap_ns: float = 0.0  # median over the variant's samples of wall minus event time (whole sample)
+    sample_ns: float = 0.0  # median device time of one variant sample (all reps calls)
+    overhead_ns: float = 0.0  # the timer's gap for a sample doing no work
+    # What was timed, for the integrity checks: the variant's prepared sample, and the output of the last
+    # call on each input copy. Under a CUDA graph these are the graph's own output tensors, which every
+    # replay overwrites, so after a replay they hold what the timed calls computed.
+    sample: PreparedSample | None = None
+    outputs: dict[int, object] = field(default_factory=dict)
 
     @property
     def blocks(self) -> int:
@@ -324,6 +362,20 @@ def measure(
         makers["b"] = base
 
     # Warm-up outside the measurement: JIT, autotune, lazy module loading, allocator growth.
+    outputs: dict[int, object] = {}
+    plain_variant = variant
+
+    def recording(i: int) -> Call:
+        call = plain_variant(i)
+
+        def run() -> object:
+            out = call()
+            outputs[i] = out
+            return out
+
+        return run
+
+    makers["v"] = recording
     firsts = {side: make(0) for side, make in makers.items()}
     for _ in range(cfg.warmup_calls):
         for call in firsts.values():
@@ -348,6 +400,8 @@ def measure(
     blocks: dict[str, list[float]] = {side: [] for side in makers}
     groups: list[int] = []
     wall_ratios: list[float] = []
+    gaps: list[float] = []
+    sample_times: list[float] = []
     notes: list[str] = []
     stop_reason = "max_blocks"
     while len(blocks["v"]) < cfg.max_blocks:
@@ -364,6 +418,8 @@ def measure(
                 per_side[side].append(s.device_ns)
                 if side == "v" and s.device_ns > 0:
                     wall_ratios.append(s.wall_ns / s.device_ns)
+                    gaps.append(s.gap_ns)
+                    sample_times.append(s.device_ns * reps)
         for side in makers:
             blocks[side].append(statistics.median(per_side[side]))
         groups.append(n // every if every else 0)
@@ -397,6 +453,11 @@ def measure(
         notes=notes,
         base_blocks=blocks.get("b"),
         groups=groups if base is not None else None,
+        gap_ns=statistics.median(gaps) if gaps else 0.0,
+        sample_ns=statistics.median(sample_times) if sample_times else 0.0,
+        overhead_ns=timer.overhead_ns(),
+        sample=samples["v"],
+        outputs=outputs,
     )
 
 
@@ -444,6 +505,11 @@ def pooled(first: Measurement, second: Measurement, confidence: float) -> Measur
         notes=first.notes + [n for n in second.notes if n not in first.notes],
         base_blocks=b,
         groups=groups,
+        gap_ns=max(first.gap_ns, second.gap_ns),
+        sample_ns=second.sample_ns,
+        overhead_ns=second.overhead_ns,
+        sample=second.sample,
+        outputs=second.outputs,
     )
 
 

@@ -1,0 +1,190 @@
+"""The integrity checks as pure functions: peaks of fake devices, the physics check, the unseen-work rule,
+patched timers, the timed-output check, degenerate inputs and declared kernels."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from pytest_perfguard import integrity, peaks
+from pytest_perfguard.peaks import DeviceSpec, Peak, impossible_speed, peak_for, percent_of_peak
+
+
+def _attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+# -------------------------------------------------------------------------------------------- peaks
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops", "gbps"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4, 3350.0),
+        ("NVIDIA H100 PCIe", 756.0, 2000.0),
+        ("NVIDIA H200", 989.4, 4800.0),
+        ("NVIDIA H200 NVL", 835.0, 4800.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0, 2039.0),
+        ("NVIDIA L4", 121.0, 300.0),
+        ("NVIDIA B200", 2250.0, 8000.0),
+    ],
+)
+def test_the_table_knows_each_gpu_by_its_torch_name(name: str, tflops: float, gbps: float) -> None:
+    peak = peak_for(DeviceSpec(name))
+    assert peak is not None and peak.tensor_tflops == tflops and peak.gbps == gbps
+
+
+def test_an_unknown_gpu_without_clocks_has_no_peak_and_one_with_clocks_is_computed() -> None:
+    assert peak_for(DeviceSpec("NVIDIA Future 9000", (12, 0), 200)) is None
+    # names that contain a known one are other GPUs: an L40S is not an L4, a GH200 not an H200
+    assert peak_for(DeviceSpec("NVIDIA L40S", (8, 9), 142)) is None
+    assert peak_for(DeviceSpec("NVIDIA GH200 480GB", (9, 0), 132)) is None
+    # an H100 SXM described by its clocks alone: 132 SMs at 1830 MHz, HBM3 at 2619 MHz on 5120 bits
+    spec = DeviceSpec("Some sm90 part", (9, 0), 132, 1830.0, 2619.0, 5120)
+    peak = peak_for(spec)
+    assert peak is not None
+    assert peak.tensor_tflops == pytest.approx(989.4, rel=0.01)
+    assert peak.gbps == pytest.approx(3352.0, rel=0.01)
+
+
+H200 = Peak(989.4, 67.0, 4800.0, "test")
+
+
+def test_the_physics_check_rejects_the_impossible_only() -> None:
+    assert impossible_speed(H200, tflops=900.0, gbps=4000.0) is None
+    msg = impossible_speed(H200, tflops=5600.0, gbps=None)
+    assert (
+        msg == "impossible speed: 5600 TFLOP/s exceeds this GPU's peak 989.4: the timer does not see the work"
+    )
+    msg = impossible_speed(H200, tflops=None, gbps=9000.0)
+    assert msg == "impossible speed: 9000 GB/s exceeds this GPU's peak 4800: the timer does not see the work"
+
+
+def test_percent_of_peak_uses_the_tensor_peak_for_half_precision() -> None:
+    assert percent_of_peak(H200, tflops=494.7, gbps=2400.0, dtype="float16") == pytest.approx((50.0, 50.0))
+    assert percent_of_peak(H200, tflops=33.5, gbps=None, dtype="float32") == pytest.approx((50.0, None))
+
+
+# --------------------------------------------------------------------------------------- unseen work
+
+
+def test_a_hidden_kernel_is_seen_at_every_size_and_replay_overhead_is_not() -> None:
+    overhead = 8_000.0  # an empty graph's replay gap on a busy host
+    # honest: a tiny kernel (64 calls in 200 us) with 30 us of host cost, and a long one with 3% clock disagreement
+    assert integrity.unseen_work(30_000.0, 200_000.0, overhead, 64) is None
+    assert integrity.unseen_work(300_000.0, 10_000_000.0, overhead, 4) is None
+    # the issue's side stream: 64 calls read 0.76 us each while 36 us each ran outside the events
+    msg = integrity.unseen_work(64 * 35_000.0, 64 * 760.0, overhead, 64)
+    assert msg is not None and msg.startswith("work outside the timed stream")
+    # a small hidden kernel: 2 us of hidden work per call, 64 calls
+    assert integrity.unseen_work(64 * 2_000.0, 200_000.0, overhead, 64) is not None
+
+
+# ------------------------------------------------------------------------------------ patched timers
+
+
+def test_a_patched_clock_or_engine_function_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert integrity.patched_timers() == []
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: 0)
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, other: 0.0)
+    from pytest_perfguard import timing
+
+    monkeypatch.setattr(timing.CpuTimer, "prepare", lambda self, calls: None)
+    assert integrity.patched_timers() == [
+        "time.perf_counter_ns",
+        "torch.cuda.Event.elapsed_time",
+        "pytest_perfguard.timing.CpuTimer.prepare",
+    ]
+    marker = object()
+    assert integrity.patched_timers({"runner.measure": (marker, object())})[-1] == "runner.measure"
+
+
+# ------------------------------------------------------------------------------------- timed outputs
+
+
+def _inputs(seed: int) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, 2, 8, 4, generator=g, dtype=torch.float64) for _ in range(3)), {}
+
+
+def _sample(
+    fn: object, inputs: tuple[tuple[torch.Tensor, ...], dict[str, object]], outputs: dict[int, object]
+):  # type: ignore[no-untyped-def]
+    def run() -> None:
+        outputs[0] = fn(*inputs[0])  # type: ignore[operator]
+
+    return run
+
+
+def test_an_honest_kernel_passes_the_timed_output_check_and_gets_its_inputs_back() -> None:
+    inputs = _inputs(1)
+    before = [t.clone() for t in inputs[0]]
+    outputs: dict[int, object] = {0: _attn(*inputs[0])}
+    sample = _sample(_attn, inputs, outputs)
+    assert integrity.timed_outputs(outputs, sample, inputs, _inputs(2), _attn, [], seed=2) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, inputs[0], strict=True))
+
+
+def test_a_cache_keyed_by_pointer_fails_the_replay_on_new_values() -> None:
+    cache: dict[int, torch.Tensor] = {}
+
+    def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return cache.setdefault(q.data_ptr(), _attn(q, k, v)).clone()
+
+    inputs = _inputs(1)
+    outputs: dict[int, object] = {0: cached(*inputs[0])}
+    msg = integrity.timed_outputs(
+        outputs, _sample(cached, inputs, outputs), inputs, _inputs(2), _attn, [], seed=2
+    )
+    assert msg is not None and msg.startswith(
+        "timed output wrong: a replay of the timed calls on new input values"
+    )
+
+
+def test_a_wrong_last_timed_output_and_a_mutation_while_timed_are_named() -> None:
+    inputs = _inputs(1)
+    msg = integrity.timed_outputs(
+        {0: torch.zeros(1, 2, 8, 4, dtype=torch.float64)}, None, inputs, inputs, _attn, [], seed=1
+    )
+    assert msg is not None and msg.startswith("timed output wrong: the output of the last timed call")
+
+    def scaling(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = _attn(q, k, v)
+        q.mul_(2.0)
+        return out
+
+    outputs: dict[int, object] = {0: _attn(*inputs[0])}
+    msg = integrity.timed_outputs(
+        outputs, _sample(scaling, inputs, outputs), inputs, _inputs(2), _attn, [], seed=2
+    )
+    assert msg == "input mutation: the timed calls modified input arg0 in place (seed 2)"
+
+
+# ----------------------------------------------------------------------------- inputs and fallbacks
+
+
+def test_degenerate_inputs_are_refused() -> None:
+    q = torch.zeros(2, 3)
+    assert integrity.degenerate_input(((q, torch.randn(2, 3)), {})) is not None
+    assert integrity.degenerate_input(((torch.randn(2, 3),), {"bias": torch.full((4,), 1.5)})) is not None
+    assert integrity.degenerate_input(((torch.randn(2, 3), torch.ones(1)), {})) is None
+
+
+def test_a_declared_kernel_that_runs_sdpa_is_a_silent_fallback() -> None:
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    names = integrity.profiled_names(
+        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), cuda=False
+    )
+    msg = integrity.forbidden_kernel(names, ["scaled_dot_product"])
+    assert msg is not None and msg.startswith("silent fallback: the variant ran aten::")
+    honest = integrity.profiled_names(lambda: _attn(q, k, v), cuda=False)
+    assert integrity.forbidden_kernel(honest, ["scaled_dot_product"]) is None
+
+
+def test_device_spec_reads_a_real_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device for its properties; the fallback formula is tested above")
+    spec = peaks.device_spec(0, None)
+    assert spec.name and spec.sm_count
