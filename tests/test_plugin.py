@@ -454,13 +454,14 @@ def test_bad_baseline_file_errors_naming_the_file_and_is_left_alone(
         assert path.read_text() == content
 
 
-def test_missing_baseline_folder_in_update_mode_is_a_clear_error(pytester: pytest.Pytester) -> None:
+def test_first_update_creates_the_default_baseline_folder(pytester: pytest.Pytester) -> None:
+    # An explicitly configured folder without a parent stays an error: tests/test_baseline_paths.py.
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_k=_case())
     result = run(pytester, [], "--perfguard-update-baseline", "-k", "fast")
-    result.stdout.fnmatch_lines(["*baseline folder .ci*baselines does not exist*Nothing was written*"])
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    assert not (pytester.path / ".ci").exists()
+    result.stdout.fnmatch_lines(["*created the baseline folder .ci*baselines*", "*2 added*"])
+    assert result.ret == 0
+    assert len(list((pytester.path / ".ci" / "baselines").glob("*.json"))) == 1
 
 
 # ---------------------------------------------------------------------------------------------- faults
