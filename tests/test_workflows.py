@@ -123,10 +123,13 @@ def _repo_files() -> list[str]:
     return [f for f in out.split("\0") if f]
 
 
-@pytest.fixture
-def repo_copy(tmp_path: Path) -> Path:
-    """A committed git copy of the working tree, with a GitHub-like origin so github.repository is set."""
-    dest = tmp_path / "repo"
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A committed git copy of the working tree, with a GitHub-like origin so github.repository is set.
+
+    One copy serves the module: act reads it and runs each job on a copy of its own.
+    """
+    dest = tmp_path_factory.mktemp("act") / "repo"
     for rel in _repo_files():
         src = REPO_ROOT / rel
         if not src.is_file():  # deleted in the working tree but still in the index
