@@ -58,6 +58,7 @@ def reports(
 
 
 @needs_nvcc
+@pytest.mark.slow
 @pytest.mark.parametrize(("source", "arch"), [(s.name, a) for s, a in CASES])
 def test_compiles_without_spills(
     reports: dict[tuple[str, str], Future[cuda_ext.CompileReport]], source: str, arch: str

