@@ -1,6 +1,8 @@
-"""Shared test setup."""
+"""Settings for this project's own test suite."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -11,3 +13,18 @@ def _not_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     compared nothing fails (session.under_ci), and the CI machine running this suite sets CI=true."""
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `-n N` with xdist's default distribution, let an idle worker take queued tests from a busy one.
+
+    The slow tests sit together in a few modules (tests/test_plugin.py, tests/test_workflows.py). The
+    default scheduler hands out large batches early, so at the end of a run one worker can hold minutes of
+    them while the other has nothing left to do; work stealing (`--dist worksteal`) moves them.
+    """
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import WorkStealingScheduling
+
+    return WorkStealingScheduling(config, log)

