@@ -379,12 +379,20 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_perfguard.history_cli import add_history_parser
 
     add_history_parser(sub)
+    from pytest_perfguard.bisect import add_bisect_parser
+
+    add_bisect_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``perfguard`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "passes_unknown_args", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        args.pytest_args = unknown  # bisect hands what it does not know to pytest
     status: int = args.func(args)
     return status
 
