@@ -416,12 +416,14 @@ def bisect(good: str, bad: str, case: str, pytest_args: Sequence[str], cwd: Path
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    extra = list(args.pytest_args)
-    if extra[:1] == ["--"]:
-        extra = extra[1:]
     try:
         return bisect(
-            args.good, args.bad, args.k, extra, Path.cwd(), Path(args.work_dir) if args.work_dir else None
+            args.good,
+            args.bad,
+            args.k,
+            args.pytest_args,
+            Path.cwd(),
+            Path(args.work_dir) if args.work_dir else None,
         )
     except BisectError as exc:
         print(f"perfguard: error: bisect: {exc}", file=sys.stderr)

@@ -380,8 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_history_parser(sub)
     from pytest_perfguard.bisect import add_bisect_parser
+    from pytest_perfguard.explain import add_explain_parser
 
     add_bisect_parser(sub)
+    add_explain_parser(sub)
     return parser
 
 
@@ -391,8 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "passes_unknown_args", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if unknown:
-        args.pytest_args = unknown  # bisect hands what it does not know to pytest
+    if unknown:  # bisect and explain hand what they do not know to pytest
+        args.pytest_args = unknown[1:] if unknown[0] == "--" else unknown
     status: int = args.func(args)
     return status
 

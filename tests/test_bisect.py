@@ -113,34 +113,31 @@ def gap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[str
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("good", "bad", "said"),
+    [
+        # BAD lacks the case: pytest selects nothing there, a skip
+        (0, 1, "{bad} skip: no test matches -k 'test_k' at this revision (the case does not exist here)"),
+        # GOOD lacks the case: the A/B gate calls it new, said before any bisecting
+        (1, 2, "{bad} skip: test_perf.py::test_k[fast] new: test_k does not exist at {good_full}"),
+    ],
+    ids=["bad-lacks-the-case", "good-lacks-the-case"],
+)
 def test_a_revision_without_the_case_is_skipped_and_said(
-    gap: tuple[Path, list[str]], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    gap: tuple[Path, list[str]],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    good: int,
+    bad: int,
+    said: str,
 ) -> None:
     path, shas = gap
-    status = main(
-        ["bisect", shas[0], shas[1], "-k", "test_k", "--work-dir", str(tmp_path / "w"), *PYTEST_ARGS]
-    )
+    argv = ["bisect", shas[good], shas[bad], "-k", "test_k", "--work-dir", str(tmp_path / "w"), *PYTEST_ARGS]
+    status = main(argv)
     out = capfd.readouterr().out
     assert status == 1
-    assert f"perfguard bisect: {shas[1][:12]} skip: no test matches -k 'test_k' at this revision" in out
-    assert "nothing to bisect: BAD" in out and "cannot be compared with GOOD" in out
-    assert _git(path, "rev-parse", "--abbrev-ref", "HEAD") == "main"
-
-
-@pytest.mark.slow
-def test_good_without_the_case_is_said_before_bisecting(
-    gap: tuple[Path, list[str]], tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    path, shas = gap
-    status = main(
-        ["bisect", shas[1], shas[2], "-k", "test_k", "--work-dir", str(tmp_path / "w"), *PYTEST_ARGS]
-    )
-    out = capfd.readouterr().out
-    assert status == 1
-    assert "skip: test_perf.py::test_k[fast] new: test 'test_k' does not exist at" in out or (
-        "skip: test_perf.py::test_k[fast] new" in out
-    ), out
-    assert "nothing to bisect" in out
+    assert "perfguard bisect: " + said.format(bad=shas[bad][:12], good_full=shas[good]) in out, out
+    assert f"nothing to bisect: BAD {shas[bad][:12]} cannot be compared with GOOD {shas[good][:12]}" in out
     assert _git(path, "rev-parse", "--abbrev-ref", "HEAD") == "main"
 
 
