@@ -309,10 +309,15 @@ def _bisect_run(top: Path, command: Sequence[str]) -> str:
     )
     assert proc.stdout is not None
     lines = []
-    for line in proc.stdout:
-        print(line, end="", flush=True)
-        lines.append(line)
-    proc.wait()
+    try:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+        proc.wait()
+    finally:  # Ctrl-C: let git bisect run end before the caller resets the bisection
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
     return "".join(lines)
 
 
@@ -431,6 +436,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     except GitError as exc:
         print(f"perfguard: error: bisect: git failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("perfguard bisect: interrupted; git bisect reset has run", file=sys.stderr)
+        return 130
 
 
 def add_bisect_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -184,6 +184,24 @@ def test_dirty_tree_unknown_revision_and_same_commit_are_errors(
     assert "a git bisect is already under way here; finish it with git bisect reset" in capfd.readouterr().err
 
 
+def test_ctrl_c_still_resets_the_bisection(
+    small: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path, shas = small
+    real = bs._git_loud
+
+    def interrupted(top: Path, *args: str) -> str:
+        if args[0] == "checkout":
+            raise KeyboardInterrupt
+        return real(top, *args)
+
+    monkeypatch.setattr(bs, "_git_loud", interrupted)
+    assert main(["bisect", shas[0], shas[1], "-k", "test_k"]) == 130
+    assert "interrupted; git bisect reset has run" in capfd.readouterr().err
+    assert _git(path, "rev-parse", "--abbrev-ref", "HEAD") == "main"
+    assert not (path / _git(path, "rev-parse", "--git-path", "BISECT_START")).exists()
+
+
 def test_unknown_arguments_go_to_pytest_only_for_bisect_and_explain() -> None:
     from pytest_perfguard.cli import build_parser
 
