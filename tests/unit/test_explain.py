@@ -203,3 +203,50 @@ def test_probe_wants_exactly_one_case(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess("-p", "pytest_perfguard.explain_probe", "-p", "no:xdist")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*-k selected 2 perf cases*make -k select exactly one*"])
+
+
+PROBE_CONFTEST = """
+from pathlib import Path
+import torch
+
+CALLS = []
+torch.cuda.is_available = lambda: True
+torch.cuda.synchronize = lambda *a, **k: None
+torch.cuda.profiler.start = lambda: CALLS.append("start")
+torch.cuda.profiler.stop = lambda: CALLS.append("stop")
+
+def pytest_sessionfinish(session):
+    Path("calls.txt").write_text(repr(CALLS))
+"""
+
+
+@pytest.mark.slow
+def test_probe_calls_the_variant_once_between_profiler_start_and_stop(pytester: pytest.Pytester) -> None:
+    """CUDA is faked (this runs on CPU): the warm-up calls come first, then one call inside the range."""
+    pytester.makeconftest(PROBE_CONFTEST)
+    pytester.makepyfile(
+        test_one="""
+        import pytest
+        import torch
+        from conftest import CALLS
+        from pytest_perfguard import perf_case
+
+        def variant(x, scale):
+            CALLS.append(("call", tuple(x.shape), scale))
+            return x
+
+        def ref(x, scale):
+            return x
+
+        @perf_case(variants={"v": variant, "w": variant}, reference=ref)
+        @pytest.mark.parametrize("n", [4, 8])
+        def test_x(n):
+            return (torch.ones(n),), {"scale": 2}
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "pytest_perfguard.explain_probe", "-p", "no:xdist", "--perfguard-device", "cpu", "-k", "v and 8"
+    )
+    result.assert_outcomes(passed=1)
+    call = ("call", (8,), 2)
+    assert (pytester.path / "calls.txt").read_text() == repr([call, call, call, "start", call, "stop"])
