@@ -379,12 +379,22 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_perfguard.history_cli import add_history_parser
 
     add_history_parser(sub)
+    from pytest_perfguard.bisect import add_bisect_parser
+    from pytest_perfguard.explain import add_explain_parser
+
+    add_bisect_parser(sub)
+    add_explain_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``perfguard`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "passes_unknown_args", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # bisect and explain hand what they do not know to pytest
+        args.pytest_args = unknown[1:] if unknown[0] == "--" else unknown
     status: int = args.func(args)
     return status
 

@@ -1,0 +1,63 @@
+"""The pytest plugin that ``perfguard explain`` loads (``-p pytest_perfguard.explain_probe``) under ncu.
+
+It replaces the body of the one selected perf item: the variant runs a few times untimed (builds, autotuning,
+lazy initialisation), then once between ``cudaProfilerStart`` and ``cudaProfilerStop``. ncu runs with
+``--profile-from-start off``, so it profiles exactly the kernels of that one call, not the reference, the
+correctness check or the warm-up. Inputs come from the test's own factory under a fixed seed, so head and
+base see the same shapes and values.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+
+from .marker import MARK_NAME, VARIANT_ARG, PerfCase
+
+WARMUP_CALLS = 3
+SEED = 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    perf = [item for item in items if item.get_closest_marker(MARK_NAME) is not None]
+    if len(perf) != 1:
+        shown = ", ".join(item.nodeid for item in perf[:8]) + (" ..." if len(perf) > 8 else "")
+        raise pytest.UsageError(
+            f"perfguard explain: -k selected {len(perf)} perf cases ({shown or 'none'}); it profiles one "
+            "variant at one shape: make -k select exactly one, e.g. -k 'test_name and variant and 4096'"
+        )
+    items[:] = perf
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    mark = pyfuncitem.get_closest_marker(MARK_NAME)
+    if mark is None:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.fail("perfguard explain: no CUDA device here; ncu profiles GPU kernels", pytrace=False)
+    case: PerfCase = mark.args[0]
+    factory: Any = mark.kwargs["factory"]
+    variant = case.variants[str(pyfuncitem.funcargs[VARIANT_ARG])]
+    names = inspect.signature(factory).parameters
+    params = {name: pyfuncitem.funcargs[name] for name in names if name in pyfuncitem.funcargs}
+    torch.manual_seed(SEED)
+    value = factory(**params)
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict)):
+        pytest.fail(f"{pyfuncitem.nodeid} must return (args, kwargs)", pytrace=False)
+    args, kwargs = tuple(value[0]), dict(value[1])
+    for _ in range(WARMUP_CALLS):
+        variant.fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()  # type: ignore[no-untyped-call]
+    variant.fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()  # type: ignore[no-untyped-call]
+    return True
