@@ -42,11 +42,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from benchmarks._output import output_paths
 from benchmarks._timing import EventTimer, capture, replay_times_ms, warm_up
 from kernels import KERNELS
-from kernels.reference import attention_flops, math_attention
+from kernels.reference import AttentionFn, attention_flops, math_attention
 from kernels.sdpa import fastest_backend, sdpa, sdpa_backend
 from kernels.triton_flash import triton_flash
 
-Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 Inputs = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 GRID: list[tuple[int, int, int]] = [  # (B, H, S); D, dtype and causal come from the options
@@ -77,7 +76,7 @@ MATH_BACKEND_MAX_S = 512  # the math backend is never the fastest; past this S i
 class Entry:
     """A variant to run, and what it requires (``pytest_perfguard.Variant`` style: names or probes)."""
 
-    fn: Variant
+    fn: AttentionFn
     requires: Any = None
 
 
@@ -146,7 +145,7 @@ def oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
 EPS = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
 
 
-def check(fn: Variant, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], causal: bool,
+def check(fn: AttentionFn, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], causal: bool,
           ref: torch.Tensor, native_err: float) -> tuple[bool, float, float]:
     """(ok, max abs error, bound): FlashAttention's rule, 2x the native path's error plus a small epsilon."""
     q, k, v = inputs
@@ -194,7 +193,7 @@ class Timing:
                 print(f"note: timing engine not usable ({_first_line(exc)}); using the built-in timer")
                 self.engine = None
 
-    def pair(self, fn: Variant, ref: Variant, inputs: Inputs, causal: bool, budget_s: float | None = None) -> Timed:
+    def pair(self, fn: AttentionFn, ref: AttentionFn, inputs: Inputs, causal: bool, budget_s: float | None = None) -> Timed:
         budget = self.budget_s if budget_s is None else budget_s
         if self.engine is not None:
             try:
@@ -206,11 +205,11 @@ class Timing:
                 return timed
         return self._builtin_pair(fn, ref, inputs, causal)
 
-    def _engine_pair(self, fn: Variant, ref: Variant, inputs: Inputs, causal: bool, budget: float) -> Timed:
+    def _engine_pair(self, fn: AttentionFn, ref: AttentionFn, inputs: Inputs, causal: bool, budget: float) -> Timed:
         engine = self.engine
         cfg = engine.MeasureConfig(budget_s=budget, min_blocks=8, samples_per_block=5, max_reps=self.calls)
 
-        def side(f: Variant) -> Callable[[int], Callable[[], object]]:
+        def side(f: AttentionFn) -> Callable[[int], Callable[[], object]]:
             return lambda i: (lambda: f(*inputs[i % len(inputs)], causal))
 
         m = engine.measure(side(fn), side(ref), self.timer, cfg, copies=self.calls)
@@ -223,7 +222,7 @@ class Timing:
                      method=f"engine:{m.mode}:{m.blocks}x{m.samples_per_block}x{m.reps}:{m.stop_reason}",
                      notes=notes)
 
-    def _builtin_pair(self, fn: Variant, ref: Variant, inputs: Inputs, causal: bool) -> Timed:
+    def _builtin_pair(self, fn: AttentionFn, ref: AttentionFn, inputs: Inputs, causal: bool) -> Timed:
         run_fn = self._prepare(fn, inputs, causal)
         run_ref = self._prepare(ref, inputs, causal)
         t_fn: list[float] = []
@@ -239,7 +238,7 @@ class Timing:
                      method=f"builtin:{'cuda-graph' if self.device.type == 'cuda' else 'cpu'}:"
                             f"{self.replays}x{self.calls}")
 
-    def _prepare(self, fn: Variant, inputs: Inputs, causal: bool) -> Callable[[], float]:
+    def _prepare(self, fn: AttentionFn, inputs: Inputs, causal: bool) -> Callable[[], float]:
         """A callable timing one replay of ``calls`` calls (seconds); a CUDA graph where capture works."""
         calls = [(lambda i=i: fn(*inputs[i % len(inputs)], causal)) for i in range(self.calls)]
         for call in calls[:3]:
@@ -345,7 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if device.type == "cuda" else ("cpu-flash", "math")
         ratio_to_default: dict[str, float] = {}
 
-        def time_backend(fn: Variant, ratio_to_default: dict[str, float] = ratio_to_default,
+        def time_backend(fn: AttentionFn, ratio_to_default: dict[str, float] = ratio_to_default,
                          inputs: Inputs = inputs) -> float:
             timed = timing.pair(fn, sdpa, inputs, causal)
             ratio_to_default[fn.__name__] = timed.ratio
@@ -425,7 +424,7 @@ def correctness(args: argparse.Namespace) -> dict[str, Any]:
     variants = load_variants(args.variants)
     if device.type == "cuda" and "triton_flash" in variants:
         # Every kernel variant on every shape, whichever the autotuner would pick.
-        def fixed(cfg: tuple[int, int, int, int], tma: bool, lazy: bool) -> Variant:
+        def fixed(cfg: tuple[int, int, int, int], tma: bool, lazy: bool) -> AttentionFn:
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: bool) -> torch.Tensor:
                 return triton_flash(q, k, v, c, config=cfg, tma=tma, lazy=lazy)
             return run

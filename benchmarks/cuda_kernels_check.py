@@ -45,9 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from benchmarks._output import output_paths
 from benchmarks._timing import EventTimer, capture, replay_times_ms, warm_up
 from kernels import cuda_ext
-from kernels.reference import attention_flops, math_attention
-
-Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
+from kernels.reference import AttentionFn, attention_flops, math_attention
 
 # (B, H, S, D, dtype, causal): the timing grid, then the correctness-only shapes.
 TIMING_GRID: list[tuple[int, int, int, int, torch.dtype, bool]] = [
@@ -96,10 +94,10 @@ def _is_sticky(exc: BaseException) -> bool:
                                   "unspecified launch failure", "illegal instruction"))
 
 
-def variants() -> dict[str, Variant]:
+def variants() -> dict[str, AttentionFn]:
     """The four kernels, plus the split kernel with forced split counts (so the combine path is exercised
     even where the heuristic would pick one split)."""
-    out: dict[str, Variant] = dict(cuda_ext.VARIANTS)
+    out: dict[str, AttentionFn] = dict(cuda_ext.VARIANTS)
     out["cuda_splitkv[n=3]"] = lambda q, k, v, c: cuda_ext.cuda_splitkv(q, k, v, c, num_splits=3)
     out["cuda_splitkv[n=max]"] = lambda q, k, v, c: cuda_ext.cuda_splitkv(q, k, v, c, num_splits=64)
     return out
@@ -150,7 +148,7 @@ class CheckResult:
     splits: int | None = None
 
 
-def check_shape(shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[str, Variant],
+def check_shape(shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[str, AttentionFn],
                 seed: int) -> list[CheckResult]:
     B, H, S, D, dt, causal = shape
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -217,7 +215,7 @@ def time_graph(fn: Callable[[], Any], calls: int = 20, replays: int = 30) -> flo
     return statistics.median(times)
 
 
-def sdpa_pinned(backend: Any) -> Variant:
+def sdpa_pinned(backend: Any) -> AttentionFn:
     from torch.nn.attention import sdpa_kernel
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -248,13 +246,13 @@ class TimingRow:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def time_shape(shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[str, Variant]) -> TimingRow:
+def time_shape(shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[str, AttentionFn]) -> TimingRow:
     B, H, S, D, dt, causal = shape
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(3))
     row = TimingRow(shape_name(shape), default_backend(q, k, v, causal))
     from torch.nn.attention import SDPBackend
 
-    all_fns: dict[str, Variant] = {"sdpa": sdpa_default}
+    all_fns: dict[str, AttentionFn] = {"sdpa": sdpa_default}
     for label, member in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION"),
                           ("sdpa_efficient", "EFFICIENT_ATTENTION")):
         if hasattr(SDPBackend, member):

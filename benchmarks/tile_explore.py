@@ -24,7 +24,6 @@ import importlib.util
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._output import output_paths  # noqa: E402
 from kernels import KERNELS  # noqa: E402
+from kernels.reference import AttentionFn  # noqa: E402
 from kernels.sdpa import make_sdpa, sdpa  # noqa: E402
 from kernels.triton_flash import triton_flash  # noqa: E402
-
-Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 TRITON: list[tuple[str, tuple[int, int, int, int], dict[str, bool]]] = [
     ("ptr", (64, 64, 4, 3), {}),
@@ -105,7 +103,7 @@ def load_timing() -> Any:
     return mod
 
 
-def max_err(fn: Variant) -> float:
+def max_err(fn: AttentionFn) -> float:
     """Worst |fn - float32 math| over small causal and non-causal shapes, relative to SDPA-fp16's own error."""
     worst = 0.0
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -130,7 +128,7 @@ def main() -> int:
     ref = make_sdpa(args.against)
     bench = load_timing()
     timing = bench.Timing(torch.device("cuda"), calls=8, replays=30, budget_s=args.budget, use_engine=True)
-    candidates: list[tuple[str, Variant]] = []
+    candidates: list[tuple[str, AttentionFn]] = []
     if args.shipped:
         candidates = [(name, KERNELS[name]) for name in ("triton_flash", "cuda_wmma")]
     for path, cfg, kw in [] if args.shipped else TRITON:

@@ -8,10 +8,14 @@ It is deliberately naive (materialised scores, no fusion) so that nothing in it 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["attention_flops", "math_attention"]
+__all__ = ["AttentionFn", "attention_flops", "math_attention"]
+
+# What every kernel in this package is: fn(q, k, v, causal) -> out, on (B, H, S, D) tensors.
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
 def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .reference import AttentionFn
+
 __all__ = [
     "ALLOWED_BACKENDS",
     "BackendTimes",
@@ -29,7 +31,6 @@ __all__ = [
     "sdpa_backend",
 ]
 
-Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 # Our names -> torch's enum member names. "cpu-flash" is the name the CPU flash kernel gets in reports; it is
 # the same FLASH_ATTENTION enum member, so it is accepted as an alias of "flash".
@@ -113,7 +114,7 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     return _backend_from_profiler(q, k, v, causal)
 
 
-def make_sdpa(backend: str | None) -> Variant:
+def make_sdpa(backend: str | None) -> AttentionFn:
     """A variant pinned to one SDPA backend (``None``: the default dispatch).
 
     A pinned variant raises torch's RuntimeError when that backend cannot run the inputs, rather than
@@ -184,7 +185,7 @@ class BackendTimes:
 
 
 def fastest_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                    time_ms: Callable[[Variant], float] | None = None,
+                    time_ms: Callable[[AttentionFn], float] | None = None,
                     backends: tuple[str, ...] | None = None) -> BackendTimes:
     """Time every backend that can run these inputs and return the fastest.
 
@@ -201,7 +202,7 @@ def fastest_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             continue
         variant = make_sdpa(name)
         if time_ms is None:
-            def call(variant: Variant = variant) -> object:
+            def call(variant: AttentionFn = variant) -> object:
                 return variant(q, k, v, causal)
             result.times_ms[name] = _default_time_ms(call, q.device)
         else:

@@ -11,20 +11,16 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .baseline import device_slug
+
 # Keys whose change makes stored timings incomparable. The driver is recorded but not compared: it
 # rarely moves kernel time, and machines of one model in a runner pool often differ in it.
 COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "against_backend")
-
-
-def slugify(name: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    return slug or "unknown"
 
 
 def _cpu_model() -> str:
@@ -79,11 +75,11 @@ def fingerprint(device: str) -> dict[str, Any]:
         if nv is not None:
             with contextlib.suppress(Exception):
                 info["driver"] = _text(nv.nvmlSystemGetDriverVersion())
-        info["slug"] = slugify(props.name)
+        info["slug"] = device_slug(props.name)
     else:
         name = _cpu_model()
         info.update(kind="cpu", name=name, capability=None, cores=os.cpu_count(), cuda=None, driver=None)
-        info["slug"] = "cpu-" + slugify(name)
+        info["slug"] = "cpu-" + device_slug(name)
     return info
 
 

@@ -16,14 +16,13 @@ import secrets
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from kernels.reference import attention_flops, math_attention
+from kernels.reference import AttentionFn, attention_flops, math_attention
 from kernels.sdpa import ALLOWED_BACKENDS, fastest_backend, make_sdpa, sdpa, sdpa_backend
 from kernels.torch_hybrid import torch_hybrid
 
@@ -33,7 +32,6 @@ SEED = secrets.randbits(31)
 # the last-bit differences of a different (but correct) summation order.
 EPS = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
 
-Variant = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 Case = tuple[int, int, int, int, bool, torch.dtype]
 
 CASES: list[Case] = [
@@ -90,7 +88,7 @@ def check_output(case: Case, seed: int, out: Any, label: str, device: str = "cpu
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("name", ["sdpa", "torch_hybrid"])
 def test_torch_variants_match_float64(name: str, case: Case) -> None:
-    fn: Variant = {"sdpa": sdpa, "torch_hybrid": torch_hybrid}[name]
+    fn: AttentionFn = {"sdpa": sdpa, "torch_hybrid": torch_hybrid}[name]
     q, k, v = make_inputs(case, SEED)
     copies = [t.clone() for t in (q, k, v)]
     out = fn(q, k, v, case[4])
@@ -257,7 +255,7 @@ def test_variants_on_cuda_match_float64(name: str, case: Case) -> None:
         reason = unavailable_reason()
         if reason is not None:
             pytest.skip(reason)
-        fn: Variant = triton_flash
+        fn: AttentionFn = triton_flash
     else:
         fn = {"sdpa": sdpa, "torch_hybrid": torch_hybrid}[name]
     q, k, v = make_inputs(case, SEED, "cuda")
