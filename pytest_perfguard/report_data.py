@@ -138,6 +138,9 @@ class Case:
     def command(self) -> str:
         """What to run to see this case again; an undecided case gets a longer budget for a firmer answer."""
         base = f"pytest {shlex.quote(self.id)} --perfguard"
+        rev = (self.rec.ab or {}).get("sha") or (self.rec.ab or {}).get("against")
+        if rev:  # an A/B case is reproduced against the same base revision
+            base += f" --perfguard-against {shlex.quote(str(rev))}"
         if self.status in UNDECIDED:
             return f"{base} --perfguard-case-budget {FIRMER_BUDGET_S}"
         return base
@@ -235,6 +238,7 @@ def _rec(record: Mapping[str, Any]) -> ResultRecord:
         tflops=_number(record.get("tflops")),
         verdict=_status(record.get("verdict")),
         reasons=_strings(record.get("reasons")),
+        ab=record.get("ab") if isinstance(record.get("ab"), dict) else None,
     )
 
 
