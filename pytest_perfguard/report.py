@@ -284,6 +284,8 @@ def terminal_lines(records: Iterable[CaseRecord], *, verbose: bool = False, widt
     """The table under the test results. Default: fits `width` columns; the cases that need a look come first,
     each with its reason and node id below it; skips are one line. `verbose`: every column and every row."""
     records = sorted(records, key=lambda r: r.id)
+    if not records:
+        return []
     if verbose:
         look = [r for r in records if needs_a_look(r)]
         return [
@@ -315,6 +317,5 @@ def terminal_lines(records: Iterable[CaseRecord], *, verbose: bool = False, widt
             out.append(f"{test}:")
         out.append(_line(rows[r.id], widths))
     out.extend(skip_lines(records, width))
-    if records:
-        out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column and skipped row: -v")
+    out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column and skipped row: -v")
     return out
