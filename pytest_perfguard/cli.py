@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from .baseline import (
 )
 from .jsonio import JSONFileError, load_json_text
 from .record import CaseRecord
-from .report import format_ratio, format_time
+from .report import delta_text, format_ratio, format_time
 from .results_io import RESULTS_KIND, ResultsFile, parse_results, read_results
 from .settings import DEFAULT_MARGIN
 
@@ -153,12 +155,29 @@ def device_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     ]
 
 
+def _ab_text(r: CaseRecord) -> str:
+    """B's own A/B gate (head against its base revision, one process): the firmest evidence a file holds."""
+    g = r.gate("ab")
+    if g is None:
+        return "-"
+    status = str(g.get("status"))
+    return status if g.get("estimate") is None else f"{delta_text(r, 'ab')} {status}"
+
+
+def _mde_text(a: CaseRecord, b: CaseRecord) -> str:
+    """The smallest slowdown B's run would have failed on (A's when B has none): a "same" that is narrower
+    than the MDE says little."""
+    mde = b.mde if b.mde is not None else a.mde
+    return "-" if mde is None else f"{mde * 100:+.1f}%"
+
+
 def _compare_rows(
     a: ResultsFile, b: ResultsFile, margin: float
 ) -> tuple[list[list[str]], int, list[str], list[str]]:
     a_by, b_by = a.by_id(), b.by_id()
     rows: list[list[str]] = []
     slower = 0
+    ab = any(r.gate("ab") is not None for r in b.results)
     for case_id in sorted(set(a_by) & set(b_by)):
         ra, rb = a_by[case_id], b_by[case_id]
         result = change_ci(ra, rb)
@@ -183,12 +202,40 @@ def _compare_rows(
                 "-" if ra.median_ns is None else format_time(ra.median_ns, ra.ci_ns),
                 "-" if rb.median_ns is None else format_time(rb.median_ns, rb.ci_ns),
                 change_text,
+                _mde_text(ra, rb),
+                *([_ab_text(rb)] if ab else []),
                 flag,
             ]
         )
     only_a = sorted(set(a_by) - set(b_by))
     only_b = sorted(set(b_by) - set(a_by))
     return rows, slower, only_a, only_b
+
+
+def firmer_answer(rows: list[list[str]], margin: float, a_sha: Any) -> list[str]:
+    """What each verdict means, and what to run where the answer is not firm: two runs in two processes
+    carry the between-run noise, so "unclear" needs more blocks and "slower" a paired run."""
+    by: dict[str, list[str]] = {}
+    for row in rows:
+        by.setdefault(row[-1].split(" (")[0], []).append(row[0])  # "same (env differs)" counts as same
+    out: list[str] = ["is it real?"]
+    if "slower" in by or "faster" in by:
+        out.append(
+            f"  slower, faster: the whole 95% CI of B/A lies past the {margin:g} margin; real unless the runs "
+            "differ in environment (a warning above says so)"
+        )
+    if "same" in by:
+        out.append(f"  same: the whole CI lies inside the {margin:g} margin; a change below the MDE can hide in it")
+    unclear = by.get("unclear", [])
+    if unclear:
+        out.append(f"  unclear: the CI straddles the margin. To firm up these {len(unclear)}, measure longer:")
+        out.extend(f"    pytest {shlex.quote(case)} --perfguard --perfguard-case-budget 20" for case in unclear[:10])
+        if len(unclear) > 10:
+            out.append(f"    ... and {len(unclear) - 10} more")
+    if "slower" in by and isinstance(a_sha, str) and a_sha:
+        out.append("  to confirm a slowdown in one process, against A's revision (paired, no between-run noise):")
+        out.extend(f"    pytest {shlex.quote(case)} --perfguard --perfguard-against {a_sha[:12]}" for case in by["slower"][:10])
+    return out if len(out) > 1 else []
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -209,7 +256,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"warning: not comparable: {'; '.join(differences)}")
     rows, slower, only_a, only_b = _compare_rows(a, b, args.margin)
     if rows:
-        headers = ["case", "A [95% CI]", "B [95% CI]", "B/A [95% CI]", f"flag (margin {args.margin:g})"]
+        headers = ["case", "A [95% CI]", "B [95% CI]", "B/A [95% CI]", "MDE"]
+        if len(rows[0]) == 7:
+            headers.append("B's A/B gate")
+        headers.append(f"verdict (margin {args.margin:g})")
         print(tabulate(rows, headers=headers, disable_numparse=True))
     else:
         print("no case in common")
@@ -218,6 +268,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if only_b:
         print(f"only in B ({len(only_b)}): " + ", ".join(only_b))
     print(f"{slower} slower of {len(rows)} compared")
+    gates = Counter(str(g.get("status")) for r in b.results if (g := r.gate("ab")) is not None)
+    if gates:
+        counts = ", ".join(f"{n} {status}" for status, n in gates.most_common())
+        print(f"B's own A/B gate (head against its base revision in one process, the firmer evidence): {counts}")
+    for line in firmer_answer(rows, args.margin, a.run.get("git_sha")):
+        print(line)
     return 1 if args.fail_on_regression and slower else 0
 
 

@@ -81,6 +81,17 @@ def pytest_configure(config: pytest.Config) -> None:
     xd.controller_setup(config)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The progress display: here, because pytest's terminal reporter does not exist yet at our configure."""
+    config, state = session.config, state_of(session.config)
+    if state.settings.enabled:
+        from . import progress
+
+        distributed = getattr(config.option, "dist", "no") != "no"
+        line = progress.setup(config, lambda: state.records, worker=is_worker(config), distributed=distributed)
+        state.progress = line.callback if line is not None and line.live else None
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     state = state_of(config)
     if not state.settings.enabled:
@@ -192,12 +203,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     records = config.stash[MERGED].final
     if not (state.settings.enabled or summary.errors):
         return
-    from .report import table
+    from .report import terminal_lines
 
     info = state.device_info
     terminalreporter.write_sep("=", f"perfguard: {info.get('name')} ({state.settings.device}), torch {info.get('torch')}")
-    if records:
-        terminalreporter.write_line(table(records))
+    for line in terminal_lines(records, verbose=config.get_verbosity() > 0):
+        terminalreporter.write_line(line)
     for line in summary.messages:
         terminalreporter.write_line(line)
     for line in summary.errors:

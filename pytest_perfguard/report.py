@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 from tabulate import tabulate
 
 from .jsonio import write_text_atomic
-from .record import CaseRecord
+from .record import CaseRecord, Outcome, Status
 from .results_io import RESULTS_KIND, RESULTS_SCHEMA_VERSION, ResultsError
 
 _UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
@@ -55,14 +57,16 @@ def format_ratio(ratio: float | None, ci: tuple[float, float] | None) -> str:
     return text
 
 
-def _pm(center: float | None, ci: Sequence[float | None] | None, unit: str = "%") -> str:
+def plus_minus(center: float | None, ci: Sequence[float | None] | None, unit: str = "%") -> str:
+    """"±1.2%": the larger side of the CI, relative to the center; "-" without one."""
     if center is None or not ci or ci[0] is None or ci[1] is None:
         return "-"
     half = max(center - float(ci[0]), float(ci[1]) - center) / center * 100
-    return f"±{half:.1f}{unit}"
+    return f"±{half:.{2 if half < 0.1 else 1}f}{unit}"
 
 
-def _delta(record: CaseRecord, gate: str) -> str:
+def delta_text(record: CaseRecord, gate: str) -> str:
+    """A gate's change with its CI in points, "+1.2% [+0.3, +2.1]"; its status when it has no estimate."""
     g = record.gate(gate)
     if g is None:
         return "-"
@@ -94,12 +98,12 @@ def rows(records: Iterable[CaseRecord]) -> list[list[str]]:
                 r.test,
                 r.variant,
                 _shape(r),
-                f"{format_time(r.median_ns)} {_pm(r.median_ns, r.ci_ns)}",
+                f"{format_time(r.median_ns)} {plus_minus(r.median_ns, r.ci_ns)}",
                 _tflops(r),
                 _gbps(r),
                 format_ratio(r.ratio, r.ratio_ci),
-                _delta(r, "baseline"),
-                *([_delta(r, "ab")] if ab else []),
+                delta_text(r, "baseline"),
+                *([delta_text(r, "ab")] if ab else []),
                 _mde(r),
                 str(r.verdict or ""),
             ]
@@ -141,8 +145,31 @@ HEADERS = [
 AB_HEADER = "Δ vs base rev [95% CI]"
 
 
-def _shape(r: CaseRecord) -> str:
-    return ",".join(f"{k}={v}" for k, v in r.params.items()) if r.params else str(r.workload_desc or "")
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
+           "float64": "fp64", "double": "fp64", "float8_e4m3fn": "fp8e4m3", "float8_e5m2": "fp8e5m2"}
+
+
+def _label(key: str, value: Any) -> str:
+    """One parameter as a reader scans it: "S128", "bf16", "causal"; "" for an off flag or None."""
+    if value is None or value is False:
+        return ""
+    if value is True:
+        return key
+    if isinstance(value, str):
+        text = value.removeprefix("torch.")
+        return _DTYPES.get(text, text)
+    return f"{key}{value}" if len(key) <= 2 else f"{key}:{value}"
+
+
+def shape_label(r: CaseRecord) -> str:
+    """A short label of the case's parameters ("B4 H8 S128 D64", "S2048 D128 bf16 causal"): the table has
+    120 columns for all of a case, and "B=4,H=8,dtype=torch.bfloat16,causal=False" spends most of them on noise."""
+    if r.params:
+        return " ".join(t for t in (_label(k, v) for k, v in r.params.items()) if t)
+    return str(r.workload_desc or "")
+
+
+_shape = shape_label
 
 
 def _short(text: str, n: int = 70) -> str:
@@ -177,3 +204,129 @@ def write_results(path: Path, doc: Mapping[str, Any]) -> None:
     text = json.dumps(doc, sort_keys=True, indent=2, allow_nan=False, default=str) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, text, ResultsError)
+
+
+# ------------------------------------------------------------------------------------ the terminal summary
+
+WIDTH = 120  # what the terminal summary fits at default verbosity: a CI log or a split-screen terminal
+NEEDS_A_LOOK = (Status.REGRESSED, Status.INCONCLUSIVE, Status.INCORRECT, Status.ERROR, Status.TIMEOUT, Status.FLAGGED)
+# Short headers: "vs against" is the ratio to the case's `against` function, "Δ base rev" the A/B gate.
+SHORT_HEADERS = ["variant", "shape", "time ± CI", "vs against", "Δ baseline", "MDE", "verdict"]
+
+
+def needs_a_look(r: CaseRecord) -> bool:
+    """Failing and inconclusive cases: the ones a reader has to act on, shown first with their reason."""
+    return r.outcome is Outcome.FAILED or r.verdict in NEEDS_A_LOOK
+
+
+def _skipped(r: CaseRecord) -> bool:
+    return not r.timed and r.outcome in (Outcome.SKIPPED, Outcome.NOT_RUN)
+
+
+def _short_delta(record: CaseRecord, gate: str) -> str:
+    """"+1.2% ±0.8": the estimate and the larger side of its CI, in points; the full interval is in -v."""
+    g = record.gate(gate)
+    if g is None:
+        return "-"
+    est, ci = g.get("estimate"), g.get("ci") or [None, None]
+    if est is None:
+        return str(g.get("status"))
+    if ci[0] is None or ci[1] is None:
+        return f"{(est - 1) * 100:+.1f}%"
+    # One decimal: the narrowest margin is 1.5%, so hundredths of a point decide nothing.
+    return f"{(est - 1) * 100:+.1f}% ±{max(est - ci[0], ci[1] - est) * 100:.1f}"
+
+
+def _short_ratio(r: CaseRecord) -> str:
+    if r.ratio is None:
+        return "-"
+    text = f"{r.ratio:.{2 if r.ratio < 10 else 1 if r.ratio < 100 else 0}f}"
+    return text if r.ratio_ci is None else f"{text} {plus_minus(r.ratio, r.ratio_ci)}"
+
+
+def _short_row(r: CaseRecord, ab: bool) -> list[str]:
+    if not r.timed:
+        return [r.variant, shape_label(r), "-", "-", "-", *(["-"] if ab else []), "-", str(r.verdict or r.outcome)]
+    return [
+        r.variant,
+        shape_label(r),
+        f"{format_time(r.median_ns)} {plus_minus(r.median_ns, r.ci_ns)}",
+        _short_ratio(r),
+        _short_delta(r, "baseline"),
+        *([_short_delta(r, "ab")] if ab else []),
+        _mde(r),
+        str(r.verdict or r.outcome),
+    ]
+
+
+def why(r: CaseRecord) -> str:
+    """What made the case fail or stay inconclusive: its gates that did not pass and the notes that are not a
+    gate's (a confirmation that disagreed, a re-measurement), leaving out the gates that passed."""
+    passed = {g.get("reason") for g in r.gates if g.get("status") in ("pass", "faster")}
+    return "; ".join([*(x for x in r.reasons if x not in passed), *r.disturbances]) or str(r.verdict or r.outcome)
+
+
+def _fit(rows: list[list[str]], width: int, shrink: int) -> list[int]:
+    """Column widths; column `shrink` (the shape) gives up what the line needs to fit `width`."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    if over > 0:
+        widths[shrink] = max(8, widths[shrink] - over)
+    return widths
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    out = []
+    for cell, w in zip(cells, widths, strict=True):
+        out.append(cell if len(cell) <= w else cell[: w - 1] + "…")
+    return "  ".join(c.ljust(w) for c, w in zip(out, widths, strict=True)).rstrip()
+
+
+def skip_lines(records: Iterable[CaseRecord], width: int = WIDTH) -> list[str]:
+    """One line for all skipped cases, counted by reason: 88 rows saying "needs a CUDA GPU" hide the ten that ran."""
+    reasons = Counter((r.reasons or [str(r.outcome)])[0] for r in records if _skipped(r))
+    if not reasons:
+        return []
+    text = f"skipped {sum(reasons.values())}: " + "; ".join(f"{n} {why}" for why, n in reasons.most_common())
+    return textwrap.wrap(text, width, subsequent_indent="  ")
+
+
+def terminal_lines(records: Iterable[CaseRecord], *, verbose: bool = False, width: int = WIDTH) -> list[str]:
+    """The table under the test results. Default: fits `width` columns; the cases that need a look come first,
+    each with its reason and node id below it; skips are one line. `verbose`: every column and every row."""
+    records = sorted(records, key=lambda r: r.id)
+    if not records:
+        return []
+    if verbose:
+        look = [r for r in records if needs_a_look(r)]
+        return [
+            *table(records).splitlines(),
+            *(f"{r.verdict or r.outcome}: {r.id}: " + "; ".join([*r.reasons, *r.disturbances]) for r in look),
+        ]
+    shown = [r for r in records if not _skipped(r)]
+    ab = any(r.gate("ab") is not None for r in shown)
+    headers = list(SHORT_HEADERS)
+    if ab:
+        headers.insert(5, "Δ base rev")
+    look = [r for r in shown if needs_a_look(r)]
+    rest = [r for r in shown if not needs_a_look(r)]
+    rows = {r.id: _short_row(r, ab) for r in shown}
+    widths = _fit([headers, *rows.values()], width, shrink=1) if shown else []
+    out: list[str] = []
+    if shown:
+        out.append(_line(headers, widths))
+        out.append(_line(["-" * w for w in widths], widths))
+    if look:
+        out.append(f"needs a look ({len(look)}):")
+        for r in look:
+            out.append(_line(rows[r.id], widths))
+            out.extend(textwrap.wrap(f"{r.id}: {why(r)}", width, initial_indent="    ", subsequent_indent="      "))
+    test = None
+    for r in rest:
+        if r.test != test:
+            test = r.test
+            out.append(f"{test}:")
+        out.append(_line(rows[r.id], widths))
+    out.extend(skip_lines(records, width))
+    out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column and skipped row: -v")
+    return out

@@ -35,7 +35,7 @@ from .marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
 from .record import CaseRecord, Outcome, Status
 from .session import SessionState
 from .stats import relative_half_width
-from .timing import Call, MeasureConfig, Measurement, make_timer, measure, pooled
+from .timing import Call, MeasureConfig, Measurement, Progress, make_timer, measure, pooled
 from .verdict import Verdict, ab_gate, case_mde, decide, unpaired_gate
 from .watchdog import Deadline, deadline
 
@@ -445,9 +445,11 @@ class Runner:
         against = trial.calls(case.against) if case.against is not None else None
         base = trial.calls(twin.variant.fn) if twin is not None and twin.variant is not None else None
         nbytes = input_bytes(trial.first)
+        on_progress = self._on_progress()
         with self._lock(exclusive=True):
             m = measure(
-                trial.calls(trial.variant.fn), against, timer, cfg, bytes_per_copy=nbytes, on_block=on_block, base=base
+                trial.calls(trial.variant.fn), against, timer, cfg, bytes_per_copy=nbytes, on_block=on_block, base=base,
+                on_progress=on_progress,
             )
         record.env = self._env(case, trial.first)
         verdict = self._judge(trial, record, m, twin)
@@ -455,7 +457,7 @@ class Runner:
             with self._lock(exclusive=True):
                 m2 = measure(
                     trial.calls(trial.variant.fn), against, timer, cfg, copies=m.reps, bytes_per_copy=nbytes,
-                    on_block=on_block, base=base,
+                    on_block=on_block, base=base, on_progress=on_progress,
                 )
             m = pooled(m, m2, cfg.confidence)
             verdict = self._judge(trial, record, m, twin)
@@ -580,3 +582,10 @@ class Runner:
     @property
     def clock(self) -> Deadline:
         return self._clock
+
+    # ------------------------------------------------------------------------------------------ progress
+
+    def _on_progress(self) -> Callable[[Progress], None] | None:
+        """The live progress line's per-block callback for this item (progress.py), or None."""
+        show = self.state.progress
+        return show(self.item.name) if show is not None else None

@@ -25,6 +25,7 @@ from .verdict import Policy
 
 if TYPE_CHECKING:
     from .ab import BaseTree
+    from .timing import Progress
 
 # Between-run noise floors (sd of ln time across processes), measured per device kind: see
 # benchmarks/results/README.md. CPU: a shared 2-core machine moved absolute times by tens of percent.
@@ -50,6 +51,8 @@ class SessionState:
     on_timeout: Callable[[str, pytest.Item], None] | None = None  # set by the plugin: flush results before the exit
     base: BaseTree | None = None  # the base revision's tree under --perfguard-against
     rootdir: Path = field(default_factory=Path.cwd)
+    # set by the plugin: case name -> the live progress line's per-block callback (progress.py), or None
+    progress: Callable[[str], Callable[[Progress], None] | None] | None = None
 
     @property
     def kind(self) -> str:
@@ -151,9 +154,6 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
                     f"perfguard: {len(stale)} stored case(s) in {shown(baseline_file(state))} were not collected in this "
                     "run (stale if the whole suite ran); remove them with --perfguard-update-baseline --perfguard-prune"
                 )
-    for r in timed:
-        if r.verdict is Status.INCONCLUSIVE:
-            out.messages.append(f"perfguard: inconclusive: {r.id}: " + "; ".join(r.reasons))
     _write_reports(state, records, timed, out)
     return out
 

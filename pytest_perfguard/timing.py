@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from .stats import Interval, log_interval, relative_half_width
@@ -308,6 +309,19 @@ class Measurement:
         return group_ratios(self.variant_blocks, self.base_blocks, self.groups)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a measurement stands after a block, for a live progress display."""
+
+    blocks: int
+    elapsed_s: float
+    budget_s: float
+    target: float
+    # The widest relative CI half-width the stop rule waits on, computed on demand: a display that draws
+    # ten times a second skips most blocks, and the interval of 400 blocks is not free.
+    widest: Callable[[], float]
+
+
 def group_ratios(head: Sequence[float], base: Sequence[float], groups: Sequence[int]) -> list[float]:
     sums: dict[int, list[float]] = {}
     for h, b, g in zip(head, base, groups, strict=True):
@@ -343,6 +357,7 @@ def measure(
     rng: random.Random | None = None,
     on_block: Callable[[], str | None] | None = None,
     base: Callable[[int], Call] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> Measurement:
     """Times `variant` (and `against`, and `base`, interleaved) until the CIs are narrow enough or the
     budget is spent.
@@ -350,7 +365,8 @@ def measure(
     `variant(i)`, `against(i)` and `base(i)` return a zero-argument call that runs on input copy `i`; all
     sides use the same copies, so the per-block ratios compare like with like. `base` is the same variant
     at another revision (the A/B gate). `on_block` may report a disturbance (throttling, another process);
-    it is recorded and makes the caller treat the result as inconclusive.
+    it is recorded and makes the caller treat the result as inconclusive. `on_progress` sees each block
+    (the live progress line); it must not measure anything.
     """
     rng = rng or random.Random()
     t_start = timer.now_ns()
@@ -429,6 +445,9 @@ def measure(
                 notes.append(problem)
         n += 1
         spent = timer.now_ns() - t_start
+        if on_progress is not None:
+            now = {side: list(v) for side, v in blocks.items()}
+            on_progress(Progress(n, spent / 1e9, cfg.budget_s, cfg.target, partial(_widest, now, list(groups), cfg)))
         if n >= min_blocks and spent >= cfg.min_time_s * 1e9 and _narrow(blocks, groups, cfg):
             stop_reason = "target"
             break
@@ -463,16 +482,21 @@ def measure(
 
 def _narrow(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfig) -> bool:
     """Every interval the verdict needs is under the target: time, ratio, and head/base."""
+    return _widest(blocks, groups, cfg) <= cfg.target
+
+
+def _widest(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfig) -> float:
+    """The widest relative half-width of the intervals the verdict needs (inf while one cannot be formed)."""
+    if len(blocks["v"]) < 2:
+        return math.inf
     log_t, log_r = _intervals(blocks["v"], blocks.get("a"), cfg.confidence)
-    if relative_half_width(log_t) > cfg.target:
-        return False
-    if log_r is not None and relative_half_width(log_r) > cfg.target:
-        return False
+    widths = [relative_half_width(log_t)]
+    if log_r is not None:
+        widths.append(relative_half_width(log_r))
     if "b" in blocks:
         ab = group_ratios(blocks["v"], blocks["b"], groups)
-        if len(ab) < 2 or relative_half_width(log_interval(ab, cfg.confidence)) > cfg.target:
-            return False
-    return True
+        widths.append(relative_half_width(log_interval(ab, cfg.confidence)) if len(ab) >= 2 else math.inf)
+    return max(widths)
 
 
 def pooled(first: Measurement, second: Measurement, confidence: float) -> Measurement:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from .marker import MARK_NAME
+from .progress import PROGRESS
 from .record import CaseRecord, Outcome, Status, dumps_records, loads_records
 from .session import MERGED, STATE, is_worker, state_of
 
@@ -111,7 +112,11 @@ class Controller:
             self.perf_items.add(report.nodeid)
         raw = getattr(report, RECORDS_ATTR, None)
         if raw:
-            self.config.stash[MERGED].records.extend(loads_records(raw))
+            records = loads_records(raw)
+            self.config.stash[MERGED].records.extend(records)
+            line = self.config.stash.get(PROGRESS, None)
+            if line is not None:
+                line.finished(records)  # one line per measured case: workers have no terminal
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
