@@ -19,14 +19,14 @@ from pytest_perfguard.report import WIDTH, needs_a_look, shape_label, terminal_l
 from pytest_perfguard.timing import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU_RAW = ROOT / "benchmarks" / "results" / "ab_2026-11-23" / "h200_raw.tar.xz"
+GPU_RAW = ROOT / "benchmarks" / "results" / "ab_2026-11-23" / "raw.tar.xz"
 CPU_RESULTS = ROOT / "tests" / "data" / "cpu_results.json"
 
 
 def _gpu_doc(name: str) -> dict[str, Any]:
     """A results file of the recorded H200 A/B campaign, read from its archive."""
     with tarfile.open(GPU_RAW) as tar:
-        member = tar.extractfile(f"ab/{name}")
+        member = tar.extractfile(f"./ab_h200/{name}")
         assert member is not None
         doc: dict[str, Any] = json.load(io.TextIOWrapper(member, encoding="utf-8"))
     return doc
