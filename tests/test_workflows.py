@@ -226,12 +226,15 @@ def test_act_perfguard_workflow_on_cpu(repo_copy: Path, tmp_path: Path) -> None:
         "-j", "guard",
         "--var", "PERFGUARD_REQUIRE_GPU=0",
         "--env", "PERFGUARD_CASE_BUDGET=1",
+        # This CPU has no baseline: under CI that fails the run unless allowed (tests/test_baseline_paths.py).
+        "--env", "PERFGUARD_ALLOW_MISSING=1",
         "--env", f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
         timeout=420,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, _act_output(proc)
     assert "Job succeeded" in out, _act_output(proc)
+    assert "allowed by --perfguard-allow-missing" in out, _act_output(proc)
     results = artifacts / "perfguard-results.json"
     assert results.is_file(), _act_output(proc)
     data = json.loads(results.read_text())
@@ -245,6 +248,40 @@ def test_act_perfguard_workflow_on_cpu(repo_copy: Path, tmp_path: Path) -> None:
     text = summary.read_text()
     assert re.search(r"^\|.*\|\s*$", text, re.MULTILINE), text
     assert re.search(r"^\|\s*:?-{3,}", text, re.MULTILINE), text
+
+
+@needs_act
+def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp_path: Path) -> None:
+    """A pull request's guard job runs --perfguard-against the PR's base SHA (CPU path, a real base commit)."""
+    repo = tmp_path / "pr"
+    _git(tmp_path, "clone", "-q", str(repo_copy), str(repo))
+    _git(repo, "remote", "set-url", "origin", f"https://github.com/{FAKE_REPO}.git")
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    (repo / "NOTES.md").write_text("a change on the pull request's branch\n")
+    _git(repo, "add", "NOTES.md")
+    _git(repo, "commit", "-q", "-m", "head of the pull request")
+    event = _pr_event(tmp_path, head_repo=FAKE_REPO, action="synchronize", labels=[])
+    payload = json.loads(event.read_text())
+    payload["pull_request"]["base"] = {"sha": base, "ref": "main"}
+    event.write_text(json.dumps(payload))
+    artifacts = tmp_path / "artifacts"
+    proc = _run_act(
+        repo, tmp_path, "pull_request", "perfguard.yml", "-j", "guard", "-e", str(event),
+        "--var", "PERFGUARD_REQUIRE_GPU=0",
+        "--env", "PERFGUARD_CASE_BUDGET=1",
+        "--env", f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
+        "--env", f"PERFGUARD_CACHE_DIR={tmp_path / 'cache'}",
+        # The wiring is under test, not the margin: CPU timing on a shared machine moves by more than 1.5%.
+        "--env", "PERFGUARD_AB_MARGIN=0.2",
+        timeout=420,
+    )
+    out = proc.stdout + proc.stderr
+    assert f"--perfguard-against {base}" in out or f"against {base[:12]}" in out, _act_output(proc)
+    doc = json.loads((artifacts / "perfguard-results.json").read_text())
+    assert doc["run"]["against"] == base, doc["run"]
+    gates = [g for r in doc["results"] for g in r.get("gates") or [] if g.get("gate") == "ab"]
+    assert gates and all(g["status"] in ("pass", "inconclusive", "faster") for g in gates), gates
+    assert "compared with the base revision" in out, _act_output(proc)
 
 
 def _pr_event(tmp_path: Path, *, head_repo: str, action: str, labels: list[str],
