@@ -234,7 +234,9 @@ def power_table(
         got = judge(rec, shift, margin, family).status == vd.REGRESSED
         sc = (child if fresh else single)[rec.run, rec.case]
         if got != (excess(sc, rec.stored, margin) + math.log1p(shift) > 0):
-            raise SystemExit(f"score rule disagrees with decide: {rec.case} run {rec.run} shift {shift} margin {margin}")
+            raise SystemExit(
+                f"score rule disagrees with decide: {rec.case} run {rec.run} shift {shift} margin {margin}"
+            )
         checked += 1
         return got
 
@@ -463,7 +465,9 @@ def main() -> int:
     ap.add_argument("baseline", type=Path)
     ap.add_argument("results", type=Path, nargs="+")
     ap.add_argument("--margins", default="0.02,0.03,0.04,0.05,0.06")
-    ap.add_argument("--shifts", default="0.02,0.03,0.05,0.10", help='planted slowdowns; "" for the false-alarm table only')
+    ap.add_argument(
+        "--shifts", default="0.02,0.03,0.05,0.10", help='planted slowdowns; "" for the false-alarm table only'
+    )
     ap.add_argument("--case-margins", default="0.05,0.03", help="margins of the per-case table")
     ap.add_argument("--target", type=float, default=0.03, help="slowdown of the feasibility argument")
     ap.add_argument("--fa-verdicts", type=int, default=1000, help="N of the goal: 0 false alarms in N verdicts")
@@ -480,8 +484,10 @@ def main() -> int:
     single = {(r.run, r.case): scores(r, r.family) for r in records}
     child = {(r.run, r.case): scores(r, 1) for r in records}
     print()
-    print(f"{len(runs)} guard runs, {len(records)} case verdicts ({missing} without a stored entry, skipped); "
-          f"{sum(r.pooled for r in records)} recorded re-measured (blocks pooled), the rest one measurement each.")
+    print(
+        f"{len(runs)} guard runs, {len(records)} case verdicts ({missing} without a stored entry, skipped); "
+        f"{sum(r.pooled for r in records)} recorded re-measured (blocks pooled), the rest one measurement each."
+    )
     print("Planted slowdowns: variant blocks x (1 + shift). Single: the run's own verdict. Confirmed: regressed in")
     print("run i and, judged alone (a family of one case), in run i+1 (cyclically), as the fresh-process check.")
     power_table(runs, margins, shifts, single, child, fmt)

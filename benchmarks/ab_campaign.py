@@ -37,7 +37,7 @@ from benchmarks._output import DEFAULT_DIR  # noqa: E402
 
 IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "out", ".whl", ".gl", "*.egg-info", ".mypy_cache")
 
-PLANT = '''
+PLANT = """
 # planted by benchmarks/ab_campaign.py: every variant sleeps after its kernel for a calibrated time
 import json as _json
 import pathlib as _pl
@@ -59,12 +59,17 @@ def _planted(name, fn):
 
 
 VARIANTS = {n: Variant(_planted(n, v.fn), requires=v.requires) for n, v in VARIANTS.items()}
-'''
+"""
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "ab", "GIT_AUTHOR_EMAIL": "ab@example.com",
-           "GIT_COMMITTER_NAME": "ab", "GIT_COMMITTER_EMAIL": "ab@example.com"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "ab",
+        "GIT_AUTHOR_EMAIL": "ab@example.com",
+        "GIT_COMMITTER_NAME": "ab",
+        "GIT_COMMITTER_EMAIL": "ab@example.com",
+    }
     return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
 
 
@@ -77,8 +82,20 @@ def _plugin_args() -> list[str]:
 
 
 def run_suite(repo: Path, out: Path, name: str, extra: list[str], log: Path) -> tuple[float, dict[str, Any]]:
-    cmd = [sys.executable, "-m", "pytest", "tests/perf", "-q", "-p", "no:cacheprovider", *_plugin_args(),
-           "--perfguard", "--perfguard-json", str(out / f"{name}.json"), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/perf",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *_plugin_args(),
+        "--perfguard",
+        "--perfguard-json",
+        str(out / f"{name}.json"),
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
@@ -157,8 +174,16 @@ def main() -> int:
     for r in aa:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     base_false = sum(1 for r in aa if (gate(r, "baseline") or {}).get("status") == "regressed")
-    rows.append(["A/A", str(len(aa_docs)), str(len(aa)), str(counts.get("regressed", 0)),
-                 ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), f"baseline gate regressed: {base_false}"])
+    rows.append(
+        [
+            "A/A",
+            str(len(aa_docs)),
+            str(len(aa)),
+            str(counts.get("regressed", 0)),
+            ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+            f"baseline gate regressed: {base_false}",
+        ]
+    )
     if plants and aa_docs:
         ns_per_cycle, floor = calibrate()
         reference = {(r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(aa_docs[0])}
@@ -192,16 +217,30 @@ def main() -> int:
                     realised.append(g["estimate"] - 1)
                 base_caught += (gate(r, "baseline") or {}).get("status") == "regressed"
             med = f"{statistics.median(realised) * 100:+.2f}%" if realised else "-"
-            rows.append([f"+{x:.0%} planted", "1", str(len(planted)),
-                         ", ".join(f"{k}: {c}/{n}" for k, (c, n) in by_size.items()),
-                         f"realised median {med}; not plantable {len(reference) - len(cycles)}",
-                         f"baseline gate regressed: {base_caught}"])
+            rows.append(
+                [
+                    f"+{x:.0%} planted",
+                    "1",
+                    str(len(planted)),
+                    ", ".join(f"{k}: {c}/{n}" for k, (c, n) in by_size.items()),
+                    f"realised median {med}; not plantable {len(reference) - len(cycles)}",
+                    f"baseline gate regressed: {base_caught}",
+                ]
+            )
             git(repo, "checkout", "-q", "main")
         rows.append(["spin calibration", "", "", "", f"{ns_per_cycle:.4f} ns/cycle, floor {floor:.0f} ns", ""])
     per = {k: sum(walls[k]) / max(sum(verdicts[k]), 1) for k in walls if walls[k]}
     if "plain" in per and "ab" in per:
-        rows.append(["wall per verdict", "", "", "", f"A/B {per['ab']:.2f} s, plain {per['plain']:.2f} s "
-                     f"({per['ab'] / per['plain']:.2f}x)", ""])
+        rows.append(
+            [
+                "wall per verdict",
+                "",
+                "",
+                "",
+                f"A/B {per['ab']:.2f} s, plain {per['plain']:.2f} s ({per['ab'] / per['plain']:.2f}x)",
+                "",
+            ]
+        )
     from tabulate import tabulate
 
     table = tabulate(rows, headers=["run", "runs", "case verdicts", "regressed / caught", "verdicts", "note"])

@@ -49,7 +49,13 @@ from kernels.triton_flash import triton_flash
 Inputs = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 GRID: list[tuple[int, int, int]] = [  # (B, H, S); D, dtype and causal come from the options
-    (1, 1, 128), (4, 8, 128), (8, 8, 128), (8, 8, 256), (16, 8, 512), (4, 16, 2048), (8, 16, 4096),
+    (1, 1, 128),
+    (4, 8, 128),
+    (8, 8, 128),
+    (8, 8, 256),
+    (16, 8, 512),
+    (4, 16, 2048),
+    (8, 16, 4096),
 ]
 QUICK_GRID: list[tuple[int, int, int]] = [(1, 1, 16), (1, 2, 64), (2, 2, 128)]
 # Tile configs tried by --sweep: (BLOCK_M, BLOCK_N, num_warps, num_stages) per variant of the kernel
@@ -133,7 +139,7 @@ def oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
     outs = []
     native_err = 0.0
     for b in range(q.shape[0]):
-        qb, kb, vb = q[b:b + 1], k[b:b + 1], v[b:b + 1]
+        qb, kb, vb = q[b : b + 1], k[b : b + 1], v[b : b + 1]
         ref = math_attention(qb.double(), kb.double(), vb.double(), causal)
         native = math_attention(qb, kb, vb, causal)
         native_err = max(native_err, (native.double() - ref).abs().max().item())
@@ -145,8 +151,13 @@ def oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
 EPS = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
 
 
-def check(fn: AttentionFn, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], causal: bool,
-          ref: torch.Tensor, native_err: float) -> tuple[bool, float, float]:
+def check(
+    fn: AttentionFn,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    causal: bool,
+    ref: torch.Tensor,
+    native_err: float,
+) -> tuple[bool, float, float]:
     """(ok, max abs error, bound): FlashAttention's rule, 2x the native path's error plus a small epsilon."""
     q, k, v = inputs
     out = fn(q, k, v, causal)
@@ -193,7 +204,9 @@ class Timing:
                 print(f"note: timing engine not usable ({_first_line(exc)}); using the built-in timer")
                 self.engine = None
 
-    def pair(self, fn: AttentionFn, ref: AttentionFn, inputs: Inputs, causal: bool, budget_s: float | None = None) -> Timed:
+    def pair(
+        self, fn: AttentionFn, ref: AttentionFn, inputs: Inputs, causal: bool, budget_s: float | None = None
+    ) -> Timed:
         budget = self.budget_s if budget_s is None else budget_s
         if self.engine is not None:
             try:
@@ -210,7 +223,7 @@ class Timing:
         cfg = engine.MeasureConfig(budget_s=budget, min_blocks=8, samples_per_block=5, max_reps=self.calls)
 
         def side(f: AttentionFn) -> Callable[[int], Callable[[], object]]:
-            return lambda i: (lambda: f(*inputs[i % len(inputs)], causal))
+            return lambda i: lambda: f(*inputs[i % len(inputs)], causal)
 
         m = engine.measure(side(fn), side(ref), self.timer, cfg, copies=self.calls)
         ratio = m.ratio
@@ -218,9 +231,14 @@ class Timing:
         if getattr(self.timer, "capture_errors", None):
             notes.append(f"graph capture failed: {self.timer.capture_errors[-1][:200]}")
             self.timer.capture_errors.clear()
-        return Timed(time_s=m.time.estimate * 1e-9, ratio=ratio.estimate, ratio_lo=ratio.lo, ratio_hi=ratio.hi,
-                     method=f"engine:{m.mode}:{m.blocks}x{m.samples_per_block}x{m.reps}:{m.stop_reason}",
-                     notes=notes)
+        return Timed(
+            time_s=m.time.estimate * 1e-9,
+            ratio=ratio.estimate,
+            ratio_lo=ratio.lo,
+            ratio_hi=ratio.hi,
+            method=f"engine:{m.mode}:{m.blocks}x{m.samples_per_block}x{m.reps}:{m.stop_reason}",
+            notes=notes,
+        )
 
     def _builtin_pair(self, fn: AttentionFn, ref: AttentionFn, inputs: Inputs, causal: bool) -> Timed:
         run_fn = self._prepare(fn, inputs, causal)
@@ -233,10 +251,13 @@ class Timing:
             for run, sink in order:
                 sink.append(run())
         ratios = sorted(a / b for a, b in zip(t_fn, t_ref, strict=True))
-        return Timed(time_s=statistics.median(t_fn) / self.calls, ratio=statistics.median(ratios),
-                     ratio_lo=ratios[len(ratios) // 10], ratio_hi=ratios[-1 - len(ratios) // 10],
-                     method=f"builtin:{'cuda-graph' if self.device.type == 'cuda' else 'cpu'}:"
-                            f"{self.replays}x{self.calls}")
+        return Timed(
+            time_s=statistics.median(t_fn) / self.calls,
+            ratio=statistics.median(ratios),
+            ratio_lo=ratios[len(ratios) // 10],
+            ratio_hi=ratios[-1 - len(ratios) // 10],
+            method=f"builtin:{'cuda-graph' if self.device.type == 'cuda' else 'cpu'}:{self.replays}x{self.calls}",
+        )
 
     def _prepare(self, fn: AttentionFn, inputs: Inputs, causal: bool) -> Callable[[], float]:
         """A callable timing one replay of ``calls`` calls (seconds); a CUDA graph where capture works."""
@@ -244,11 +265,13 @@ class Timing:
         for call in calls[:3]:
             call()
         if self.device.type != "cuda":
+
             def run_cpu() -> float:
                 t0 = time.perf_counter()
                 for call in calls:
                     call()
                 return time.perf_counter() - t0
+
             return run_cpu
         warm_up(calls)
         timer = EventTimer()
@@ -261,6 +284,7 @@ class Timing:
             def run_stream() -> None:
                 for call in calls:
                     call()
+
             return lambda: timer(run_stream) * 1e-3
 
 
@@ -272,16 +296,23 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def make_inputs(shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device,
-                copies: int, seed: int) -> Inputs:
+def make_inputs(
+    shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device, copies: int, seed: int
+) -> Inputs:
     gen = torch.Generator(device=device).manual_seed(seed)
-    return [tuple(torch.randn(*shape, generator=gen, device=device, dtype=dtype) for _ in range(3))  # type: ignore[misc]
-            for _ in range(copies)]
+    return [
+        tuple(torch.randn(*shape, generator=gen, device=device, dtype=dtype) for _ in range(3))  # type: ignore[misc]
+        for _ in range(copies)
+    ]
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
-                            "date": dt.date.today().isoformat(), "device_type": device.type}
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": dt.date.today().isoformat(),
+        "device_type": device.type,
+    }
     try:
         import triton
 
@@ -290,9 +321,14 @@ def environment(device: torch.device) -> dict[str, Any]:
         info["triton"] = None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(device=props.name, capability=f"sm_{props.major}{props.minor}", cuda=torch.version.cuda,
-                    cudnn=torch.backends.cudnn.version(), sms=props.multi_processor_count,
-                    l2_bytes=getattr(props, "L2_cache_size", None))
+        info.update(
+            device=props.name,
+            capability=f"sm_{props.major}{props.minor}",
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            sms=props.multi_processor_count,
+            l2_bytes=getattr(props, "L2_cache_size", None),
+        )
     else:
         info.update(device=platform.processor() or platform.machine(), threads=torch.get_num_threads())
     return info
@@ -319,11 +355,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "schema_version": 1,
         "environment": environment(device),
-        "dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "seed": seed,
+        "dtype": str(dtype).removeprefix("torch."),
+        "head_dim": d,
+        "causal": causal,
+        "seed": seed,
         "method": ("engine" if timing.engine is not None else "builtin")
-                  + f"; {args.calls} calls per sample on rotating input copies; ratio = paired per-sample"
-                    " (engine: per-block) variant/SDPA-default; ratio to fastest = ratio to default x"
-                    " default/fastest (paired, same method)",
+        + f"; {args.calls} calls per sample on rotating input copies; ratio = paired per-sample"
+        " (engine: per-block) variant/SDPA-default; ratio to fastest = ratio to default x"
+        " default/fastest (paired, same method)",
         "flops_convention": "4*B*H*S*S*D, halved for causal",
         "shapes": [],
     }
@@ -340,20 +379,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["native_max_abs_err"] = native_err if args.check else None
 
         # SDPA backends: each timed against the default; the fastest one is the second reference.
-        backends = tuple(n for n in SDPA_BACKENDS if n != "math" or s <= MATH_BACKEND_MAX_S) \
-            if device.type == "cuda" else ("cpu-flash", "math")
+        backends = (
+            tuple(n for n in SDPA_BACKENDS if n != "math" or s <= MATH_BACKEND_MAX_S)
+            if device.type == "cuda"
+            else ("cpu-flash", "math")
+        )
         ratio_to_default: dict[str, float] = {}
 
-        def time_backend(fn: AttentionFn, ratio_to_default: dict[str, float] = ratio_to_default,
-                         inputs: Inputs = inputs) -> float:
+        def time_backend(
+            fn: AttentionFn, ratio_to_default: dict[str, float] = ratio_to_default, inputs: Inputs = inputs
+        ) -> float:
             timed = timing.pair(fn, sdpa, inputs, causal)
             ratio_to_default[fn.__name__] = timed.ratio
             return timed.time_s * 1e3
 
         fb = fastest_backend(q, k, v, causal, time_ms=time_backend, backends=backends)
         by_name = {n: ratio_to_default[f"sdpa_{n.replace('-', '_')}"] for n in fb.times_ms}
-        row["sdpa_backends"] = {n: {"time_us": fb.times_ms[n] * 1e3, "ratio_to_default": by_name[n]}
-                                for n in fb.times_ms}
+        row["sdpa_backends"] = {
+            n: {"time_us": fb.times_ms[n] * 1e3, "ratio_to_default": by_name[n]} for n in fb.times_ms
+        }
         row["sdpa_unavailable"] = fb.unavailable
         fastest_ratio = min(by_name.values())  # fastest / default, paired
         row["sdpa_fastest_backend"] = fb.fastest if fastest_ratio < 1.0 else row["sdpa_default_backend"]
@@ -380,9 +424,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 entry["skipped"] = f"timing failed: {_first_line(exc)}"
                 traceback.print_exc()
                 continue
-            entry.update(time_us=timed.time_s * 1e6, tflops=flops / timed.time_s / 1e12,
-                         ratio_default=timed.ratio, ratio_default_ci=[timed.ratio_lo, timed.ratio_hi],
-                         ratio_fastest=timed.ratio / fastest_ratio, method=timed.method)
+            entry.update(
+                time_us=timed.time_s * 1e6,
+                tflops=flops / timed.time_s / 1e12,
+                ratio_default=timed.ratio,
+                ratio_default_ci=[timed.ratio_lo, timed.ratio_hi],
+                ratio_fastest=timed.ratio / fastest_ratio,
+                method=timed.method,
+            )
             if timed.notes:
                 entry["notes"] = timed.notes
             if name == "triton_flash" and device.type == "cuda":
@@ -403,8 +452,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("ratio_default", "ratio_fastest"):
         ratios = [r["variants"].get("triton_flash", {}).get(key) for r in report["shapes"]]
         report.setdefault("triton_flash_geomean", {})[key] = geomean([x for x in ratios if x is not None])
-    large = [r["variants"].get("triton_flash", {}).get("ratio_default") for r in report["shapes"]
-             if r["S"] >= 2048]
+    large = [r["variants"].get("triton_flash", {}).get("ratio_default") for r in report["shapes"] if r["S"] >= 2048]
     report["triton_flash_geomean"]["ratio_default_S>=2048"] = geomean([x for x in large if x is not None])
     print(f"\ntriton_flash geomean over the grid: {report['triton_flash_geomean']}")
     write_json(report, args)
@@ -413,8 +461,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 CORRECTNESS_GRID: list[tuple[int, int, int, int, bool, str]] = [
     (b, 2, s, d, causal, dtype)
-    for dtype in ("float16", "bfloat16") for d in (64, 128) for s in (1, 16, 113, 128, 239, 1023)
-    for causal in (False, True) for b in (1, 2)
+    for dtype in ("float16", "bfloat16")
+    for d in (64, 128)
+    for s in (1, 16, 113, 128, 239, 1023)
+    for causal in (False, True)
+    for b in (1, 2)
 ]
 
 
@@ -427,7 +478,9 @@ def correctness(args: argparse.Namespace) -> dict[str, Any]:
         def fixed(cfg: tuple[int, int, int, int], tma: bool, lazy: bool) -> AttentionFn:
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: bool) -> torch.Tensor:
                 return triton_flash(q, k, v, c, config=cfg, tma=tma, lazy=lazy)
+
             return run
+
         requires = variants["triton_flash"].requires
         variants["triton_eager128"] = Entry(fixed((128, 64, 8, 3), False, False), requires)
         variants["triton_lazy64"] = Entry(fixed((64, 64, 4, 3), False, True), requires)
@@ -438,10 +491,18 @@ def correctness(args: argparse.Namespace) -> dict[str, Any]:
     failures = 0
     for b, h, s, d, causal, dtype_name in CORRECTNESS_GRID:
         dtype = getattr(torch, dtype_name)
-        (q, k, v), = make_inputs((b, h, s, d), dtype, device, 1, seed)
+        ((q, k, v),) = make_inputs((b, h, s, d), dtype, device, 1, seed)
         ref, native_err = oracle(q, k, v, causal)
-        row: dict[str, Any] = {"B": b, "H": h, "S": s, "D": d, "causal": causal, "dtype": dtype_name,
-                               "native_max_abs_err": native_err, "variants": {}}
+        row: dict[str, Any] = {
+            "B": b,
+            "H": h,
+            "S": s,
+            "D": d,
+            "causal": causal,
+            "dtype": dtype_name,
+            "native_max_abs_err": native_err,
+            "variants": {},
+        }
         for name, variant in variants.items():
             reason = unavailable(variant, q, k, v, causal)
             if reason is not None:
@@ -451,32 +512,52 @@ def correctness(args: argparse.Namespace) -> dict[str, Any]:
             failures += not ok
             row["variants"][name] = {"correct": ok, "max_abs_err": err, "bound": bound}
         results.append(row)
-        cells = "  ".join(f"{n}={'skip' if 'skipped' in e else ('ok' if e['correct'] else 'FAIL')}"
-                          f"{'' if 'skipped' in e else format(e['max_abs_err'], '.2g')}"
-                          for n, e in row["variants"].items())
-        print(f"B{b}H{h}S{s}D{d} {'causal' if causal else 'full  '} {dtype_name:<8} "
-              f"native={native_err:.2g}  {cells}")
+        cells = "  ".join(
+            f"{n}={'skip' if 'skipped' in e else ('ok' if e['correct'] else 'FAIL')}"
+            f"{'' if 'skipped' in e else format(e['max_abs_err'], '.2g')}"
+            for n, e in row["variants"].items()
+        )
+        print(f"B{b}H{h}S{s}D{d} {'causal' if causal else 'full  '} {dtype_name:<8} native={native_err:.2g}  {cells}")
     print(f"correctness: {failures} failure(s) over {len(results)} shapes x {len(variants)} variants (seed {seed})")
-    report = {"schema_version": 1, "environment": environment(device), "seed": seed, "failures": failures,
-              "rule": "max abs error vs float64 <= 2 x native-precision math error + eps " + str(
-                  {str(k).removeprefix("torch."): v for k, v in EPS.items()}),
-              "correctness": results}
+    report = {
+        "schema_version": 1,
+        "environment": environment(device),
+        "seed": seed,
+        "failures": failures,
+        "rule": "max abs error vs float64 <= 2 x native-precision math error + eps "
+        + str({str(k).removeprefix("torch."): v for k, v in EPS.items()}),
+        "correctness": results,
+    }
     for path in output_paths("correctness.json"):
         path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
 
 
-def sweep_configs(d: int, inputs: Inputs, causal: bool, ref: torch.Tensor | None, native_err: float,
-                  timing: Timing, args: argparse.Namespace) -> dict[str, Any]:
+def sweep_configs(
+    d: int,
+    inputs: Inputs,
+    causal: bool,
+    ref: torch.Tensor | None,
+    native_err: float,
+    timing: Timing,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     """Time every Triton tile config of SWEEP (each load path) against SDPA's default backend."""
     sweep: dict[str, Any] = {}
     for path, table in SWEEP.items():
         for cfg in table.get(d, []):
             key = f"{path}:" + "x".join(map(str, cfg))
 
-            def pinned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: bool,
-                       cfg: tuple[int, int, int, int] = cfg, path: str = path) -> torch.Tensor:
+            def pinned(
+                q: torch.Tensor,
+                k: torch.Tensor,
+                v: torch.Tensor,
+                c: bool,
+                cfg: tuple[int, int, int, int] = cfg,
+                path: str = path,
+            ) -> torch.Tensor:
                 return triton_flash(q, k, v, c, config=cfg, tma=path == "tma", lazy=path == "lazy")
+
             try:
                 if ref is not None:
                     ok, err, _ = check(pinned, inputs[0], causal, ref, native_err)
@@ -500,8 +581,15 @@ def sweep_only(args: argparse.Namespace) -> dict[str, Any]:
         grid = [tuple(int(x) for x in item.split("x")) for item in args.shapes.split(",")]  # type: ignore[misc]
     dtype = getattr(torch, args.dtype)
     causal = not args.no_causal
-    report: dict[str, Any] = {"schema_version": 1, "environment": environment(device), "seed": seed,
-                              "dtype": args.dtype, "head_dim": args.head_dim, "causal": causal, "sweep": []}
+    report: dict[str, Any] = {
+        "schema_version": 1,
+        "environment": environment(device),
+        "seed": seed,
+        "dtype": args.dtype,
+        "head_dim": args.head_dim,
+        "causal": causal,
+        "sweep": [],
+    }
     for b, h, s in grid:
         inputs = make_inputs((b, h, s, args.head_dim), dtype, device, args.calls, seed)
         q, k, v = inputs[0]
@@ -509,14 +597,27 @@ def sweep_only(args: argparse.Namespace) -> dict[str, Any]:
         auto = timing.pair(triton_flash, sdpa, inputs, causal, budget_s=args.sweep_budget)
         from kernels.triton_flash import best_config, best_path
 
-        row = {"B": b, "H": h, "S": s, "autotuned": {"config": best_config(q, causal), "path": best_path(q, causal),
-                                                     "time_us": auto.time_s * 1e6, "ratio_default": auto.ratio},
-               "configs": sweep_configs(args.head_dim, inputs, causal, ref, native_err, timing, args)}
+        row = {
+            "B": b,
+            "H": h,
+            "S": s,
+            "autotuned": {
+                "config": best_config(q, causal),
+                "path": best_path(q, causal),
+                "time_us": auto.time_s * 1e6,
+                "ratio_default": auto.ratio,
+            },
+            "configs": sweep_configs(args.head_dim, inputs, causal, ref, native_err, timing, args),
+        }
         report["sweep"].append(row)
-        ranked = sorted((v.get("time_us", math.inf), k, v.get("ratio_default"), v.get("error", ""))
-                        for k, v in row["configs"].items())
-        print(f"\nB{b} H{h} S{s} D{args.head_dim}: autotuned {row['autotuned']['path']} "
-              f"{row['autotuned']['config']} {auto.time_s * 1e6:.1f}us x{auto.ratio:.3f} of SDPA default")
+        ranked = sorted(
+            (v.get("time_us", math.inf), k, v.get("ratio_default"), v.get("error", ""))
+            for k, v in row["configs"].items()
+        )
+        print(
+            f"\nB{b} H{h} S{s} D{args.head_dim}: autotuned {row['autotuned']['path']} "
+            f"{row['autotuned']['config']} {auto.time_s * 1e6:.1f}us x{auto.ratio:.3f} of SDPA default"
+        )
         print("  " + ", ".join(f"{k} {t:.1f}us x{r:.3f}" if r else f"{k} {e[:80]}" for t, k, r, e in ranked))
         del inputs, ref
         torch.cuda.empty_cache()
@@ -526,9 +627,11 @@ def sweep_only(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_shape(row: dict[str, Any]) -> None:
-    head = (f"\nB{row['B']} H{row['H']} S{row['S']} D{row['D']}  default={row['sdpa_default_backend']}"
-            f"  fastest={row['sdpa_fastest_backend']}  backends: "
-            + ", ".join(f"{n} {x['time_us']:.1f}us" for n, x in row["sdpa_backends"].items()))
+    head = (
+        f"\nB{row['B']} H{row['H']} S{row['S']} D{row['D']}  default={row['sdpa_default_backend']}"
+        f"  fastest={row['sdpa_fastest_backend']}  backends: "
+        + ", ".join(f"{n} {x['time_us']:.1f}us" for n, x in row["sdpa_backends"].items())
+    )
     print(head)
     print(f"  {'variant':<22}{'median us':>11}{'TFLOP/s':>10}{'x default':>11}{'x fastest':>11}  notes")
     for name, e in row["variants"].items():
@@ -536,8 +639,10 @@ def print_shape(row: dict[str, Any]) -> None:
             print(f"  {name:<22}{'skipped: ' + e['skipped']}")
             continue
         extra = f"cfg={e.get('path')}:{e['config']}" if e.get("config") else ""
-        print(f"  {name:<22}{e['time_us']:>11.1f}{e['tflops']:>10.1f}{e['ratio_default']:>11.3f}"
-              f"{e['ratio_fastest']:>11.3f}  {extra} {e['method']}")
+        print(
+            f"  {name:<22}{e['time_us']:>11.1f}{e['tflops']:>10.1f}{e['ratio_default']:>11.3f}"
+            f"{e['ratio_fastest']:>11.3f}  {extra} {e['method']}"
+        )
     if "triton_sweep" in row:
         ranked = sorted(((v.get("time_us", math.inf), k) for k, v in row["triton_sweep"].items()))
         print("  sweep (path:BMxBNxWxS: us): " + ", ".join(f"{k}: {t:.1f}" for t, k in ranked))
@@ -555,8 +660,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
-    p.add_argument("--json", help="write the results as JSON here (also to $PERFGUARD_RESULTS_DIR/attention.json when set; "
-                   "default: benchmarks/out/attention.json)")
+    p.add_argument(
+        "--json",
+        help="write the results as JSON here (also to $PERFGUARD_RESULTS_DIR/attention.json when set; "
+        "default: benchmarks/out/attention.json)",
+    )
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--no-causal", action="store_true")
@@ -571,8 +679,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-budget", type=float, default=0.6)
     p.add_argument("--sweep-only", action="store_true", help="only the Triton config sweep (GPU)")
     p.add_argument("--seed", type=int)
-    p.add_argument("--correctness", action="store_true",
-                   help="only check every variant on the correctness grid (S 1..1023, D 64/128, fp16/bf16)")
+    p.add_argument(
+        "--correctness",
+        action="store_true",
+        help="only check every variant on the correctness grid (S 1..1023, D 64/128, fp16/bf16)",
+    )
     return p.parse_args(argv)
 
 

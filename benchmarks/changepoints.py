@@ -43,18 +43,14 @@ POOL_BLOCKS = 2000
 RUNS = 60
 
 
-def block_pools(
-    kernel: str, rng: np.random.Generator, size: int = POOL_BLOCKS, path: Path = DATA
-) -> list[np.ndarray]:
+def block_pools(kernel: str, rng: np.random.Generator, size: int = POOL_BLOCKS, path: Path = DATA) -> list[np.ndarray]:
     """Per recorded case, ``size`` synthetic block medians (ns) of ``kernel``."""
     cases = json.loads(path.read_text())["cases"]
     pools = []
     for case in sorted(cases):
         blocks = [np.asarray(block[1:], dtype=np.float64) * 1e3 for block in cases[case][kernel]]
         picks = rng.integers(0, len(blocks), size)
-        pools.append(
-            np.array([np.median(rng.choice(blocks[i], size=blocks[i].size)) for i in picks], dtype=np.float64)
-        )
+        pools.append(np.array([np.median(rng.choice(blocks[i], size=blocks[i].size)) for i in picks], dtype=np.float64))
     return pools
 
 

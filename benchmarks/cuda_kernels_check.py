@@ -90,8 +90,16 @@ class Tee(io.TextIOBase):
 def _is_sticky(exc: BaseException) -> bool:
     """Errors that leave the CUDA context unusable: stop instead of reporting every later call as failed."""
     msg = str(exc).lower()
-    return any(w in msg for w in ("illegal memory access", "illegal address", "misaligned address",
-                                  "unspecified launch failure", "illegal instruction"))
+    return any(
+        w in msg
+        for w in (
+            "illegal memory access",
+            "illegal address",
+            "misaligned address",
+            "unspecified launch failure",
+            "illegal instruction",
+        )
+    )
 
 
 def variants() -> dict[str, AttentionFn]:
@@ -111,8 +119,9 @@ def shape_name(shape: tuple[int, int, int, int, torch.dtype, bool]) -> str:
 # --- correctness ----------------------------------------------------------------------------------------
 
 
-def chunked_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dtype: torch.dtype,
-                 max_bytes: int = 1 << 31) -> torch.Tensor:
+def chunked_math(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dtype: torch.dtype, max_bytes: int = 1 << 31
+) -> torch.Tensor:
     """math_attention in ``dtype`` over head chunks, so the (S, S) scores of a big shape fit in memory."""
     B, H, S, D = q.shape
     qf, kf, vf = (t.reshape(B * H, 1, S, D) for t in (q, k, v))
@@ -148,8 +157,9 @@ class CheckResult:
     splits: int | None = None
 
 
-def check_shape(shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[str, AttentionFn],
-                seed: int) -> list[CheckResult]:
+def check_shape(
+    shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[str, AttentionFn], seed: int
+) -> list[CheckResult]:
     B, H, S, D, dt, causal = shape
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt, generator=gen) for _ in range(3))
@@ -173,9 +183,23 @@ def check_shape(shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[s
             out = fn(q, k, v, causal)
             torch.cuda.synchronize()
         except Exception as exc:
-            results.append(CheckResult(name, shape_name(shape), False, math.inf, native_err, bound, math.inf,
-                                       native_fro, False, False, True, f"{type(exc).__name__}: {exc}",
-                                       splits))
+            results.append(
+                CheckResult(
+                    name,
+                    shape_name(shape),
+                    False,
+                    math.inf,
+                    native_err,
+                    bound,
+                    math.inf,
+                    native_fro,
+                    False,
+                    False,
+                    True,
+                    f"{type(exc).__name__}: {exc}",
+                    splits,
+                )
+            )
             if _is_sticky(exc):
                 raise
             continue
@@ -185,10 +209,32 @@ def check_shape(shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[s
         fro = (od - ref).norm().item() / ref_norm if finite else math.inf
         close = finite and bool(torch.allclose(od, ref, atol=1e-2, rtol=1e-2))
         unchanged = all(torch.equal(a, b) for a, b in zip((q, k, v), copies, strict=True))
-        ok = (finite and err <= bound and close and unchanged and out.shape == q.shape and out.dtype == q.dtype
-              and type(out) is torch.Tensor)
-        results.append(CheckResult(name, shape_name(shape), ok, err, native_err, bound, fro, native_fro, close,
-                                   finite, unchanged, None, splits))
+        ok = (
+            finite
+            and err <= bound
+            and close
+            and unchanged
+            and out.shape == q.shape
+            and out.dtype == q.dtype
+            and type(out) is torch.Tensor
+        )
+        results.append(
+            CheckResult(
+                name,
+                shape_name(shape),
+                ok,
+                err,
+                native_err,
+                bound,
+                fro,
+                native_fro,
+                close,
+                finite,
+                unchanged,
+                None,
+                splits,
+            )
+        )
         del out, od
     return results
 
@@ -253,8 +299,11 @@ def time_shape(shape: tuple[int, int, int, int, torch.dtype, bool], fns: dict[st
     from torch.nn.attention import SDPBackend
 
     all_fns: dict[str, AttentionFn] = {"sdpa": sdpa_default}
-    for label, member in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION"),
-                          ("sdpa_efficient", "EFFICIENT_ATTENTION")):
+    for label, member in (
+        ("sdpa_flash", "FLASH_ATTENTION"),
+        ("sdpa_cudnn", "CUDNN_ATTENTION"),
+        ("sdpa_efficient", "EFFICIENT_ATTENTION"),
+    ):
         if hasattr(SDPBackend, member):
             all_fns[label] = sdpa_pinned(getattr(SDPBackend, member))
     all_fns.update(fns)
@@ -338,18 +387,20 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> int:
     if not torch.cuda.is_available():
         reason = "no CUDA device"
     props = torch.cuda.get_device_properties(0) if reason is None else None
-    record.update({
-        "date": time.strftime("%Y-%m-%d"),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "device": props.name if props else None,
-        "sm_count": props.multi_processor_count if props else None,
-        "capability": f"{props.major}.{props.minor}" if props else None,
-        "seed": seed,
-        "method": "CUDA events around a CUDA graph of N calls (N=20, fewer if a call > 2 ms), "
-                  "median of 30 replays / N; inputs warm in L2 between replays",
-    })
+    record.update(
+        {
+            "date": time.strftime("%Y-%m-%d"),
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "python": platform.python_version(),
+            "device": props.name if props else None,
+            "sm_count": props.multi_processor_count if props else None,
+            "capability": f"{props.major}.{props.minor}" if props else None,
+            "seed": seed,
+            "method": "CUDA events around a CUDA graph of N calls (N=20, fewer if a call > 2 ms), "
+            "median of 30 replays / N; inputs warm in L2 between replays",
+        }
+    )
     print(f"device: {record['device']}  torch {torch.__version__} (CUDA {torch.version.cuda})  seed {seed}")
     if reason:
         print(f"SKIP: {reason}")
@@ -375,8 +426,9 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> int:
         for fut in reports:
             rep = fut.result()
             print(rep.table())
-            record["ptxas"].append({"source": rep.source.name, "arch": rep.arch, "ok": rep.ok,
-                                    "kernels": [asdict(k) for k in rep.kernels]})
+            record["ptxas"].append(
+                {"source": rep.source.name, "arch": rep.arch, "ok": rep.ok, "kernels": [asdict(k) for k in rep.kernels]}
+            )
 
     so = cuda_ext.extension_path()
     if so is not None:
@@ -387,19 +439,27 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> int:
         for key, c in sass.items():
             base, _, arch = key.partition(" [")
             pretty = names.get(base, base)
-            rows.append([pretty[:90], arch.rstrip("]"), str(c.get("HMMA", 0)), str(c.get("LDSM", 0)),
-                         str(c.get("LDGSTS", 0)), str(c.get("instructions", 0))])
+            rows.append(
+                [
+                    pretty[:90],
+                    arch.rstrip("]"),
+                    str(c.get("HMMA", 0)),
+                    str(c.get("LDSM", 0)),
+                    str(c.get("LDGSTS", 0)),
+                    str(c.get("instructions", 0)),
+                ]
+            )
         print(fmt_table(["kernel", "arch", "HMMA", "LDSM", "LDGSTS", "instr"], rows))
-        record["sass"] = {names.get(k.split(" [")[0], k) + " [" + k.partition(" [")[2]: v
-                          for k, v in sass.items()}
-        wmma_hmma = [c.get("HMMA", 0) for k, c in sass.items() if "flash_fwd_kernel" in names.get(
-            k.split(" [")[0], k)]
+        record["sass"] = {names.get(k.split(" [")[0], k) + " [" + k.partition(" [")[2]: v for k, v in sass.items()}
+        wmma_hmma = [c.get("HMMA", 0) for k, c in sass.items() if "flash_fwd_kernel" in names.get(k.split(" [")[0], k)]
         print(f"tensor-core kernels with HMMA: {sum(1 for h in wmma_hmma if h > 0)}/{len(wmma_hmma)}")
 
     fns = variants()
     shapes = QUICK_SHAPES if args.quick else TIMING_GRID + EXTRA_TIMING + CORRECTNESS_SHAPES
-    print(f"\n## correctness (float64 reference; bound = 2 * native fp16/bf16 math error + 1e-5; "
-          f"allclose atol=rtol=1e-2; seed {seed})")
+    print(
+        f"\n## correctness (float64 reference; bound = 2 * native fp16/bf16 math error + 1e-5; "
+        f"allclose atol=rtol=1e-2; seed {seed})"
+    )
     checks: list[CheckResult] = []
     for i, shape in enumerate(shapes):
         res = check_shape(shape, fns, seed + i)
@@ -408,9 +468,11 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> int:
             flag = "ok  " if r.ok else "FAIL"
             extra = f" splits={r.splits}" if r.splits is not None else ""
             err = f" ERROR {r.error}" if r.error else ""
-            print(f"{flag} {r.shape:<36} {r.variant:<20} max_err={r.max_err:.2e} (bound {r.bound:.2e}, "
-                  f"native {r.native_max_err:.2e}) rel_fro={r.rel_fro:.2e} (native {r.native_rel_fro:.2e})"
-                  f"{extra}{err}")
+            print(
+                f"{flag} {r.shape:<36} {r.variant:<20} max_err={r.max_err:.2e} (bound {r.bound:.2e}, "
+                f"native {r.native_max_err:.2e}) rel_fro={r.rel_fro:.2e} (native {r.native_rel_fro:.2e})"
+                f"{extra}{err}"
+            )
     record["correctness"] = [asdict(r) for r in checks]
     n_fail = sum(not r.ok for r in checks)
     by_variant: dict[str, list[bool]] = {}
@@ -428,12 +490,23 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> int:
     for shape in timed_shapes:
         row = time_shape(shape, timing_fns)
         rows_t.append(row)
-        print(f"{row.shape}: " + ", ".join(f"{k}={v:.4f}" for k, v in row.times_ms.items())
-              + (f" errors={row.errors}" if row.errors else ""))
+        print(
+            f"{row.shape}: "
+            + ", ".join(f"{k}={v:.4f}" for k, v in row.times_ms.items())
+            + (f" errors={row.errors}" if row.errors else "")
+        )
     record["timing"] = [asdict(r) for r in rows_t]
 
-    headers = ["shape", "SDPA backend", "SDPA ms", "best fused SDPA ms", *timing_fns.keys(), "wmma/SDPA",
-               "wmma TFLOP/s", "splitkv/SDPA"]
+    headers = [
+        "shape",
+        "SDPA backend",
+        "SDPA ms",
+        "best fused SDPA ms",
+        *timing_fns.keys(),
+        "wmma/SDPA",
+        "wmma TFLOP/s",
+        "splitkv/SDPA",
+    ]
     table = []
     for shape, row in zip(timed_shapes, rows_t, strict=True):
         B, H, S, D, _, causal = shape
@@ -441,13 +514,18 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> int:
         best = min((v for k, v in t.items() if k.startswith("sdpa_")), default=math.nan)
         flops = attention_flops(B, H, S, D, causal)
         wm = t.get("cuda_wmma", math.nan)
-        table.append([
-            row.shape, row.sdpa_backend, f"{t.get('sdpa', math.nan):.4f}", f"{best:.4f}",
-            *(f"{t[k]:.4f}" if k in t else "err" for k in timing_fns),
-            f"{wm / t.get('sdpa', math.nan):.2f}x",
-            f"{flops / (wm * 1e-3) / 1e12:.1f}",
-            f"{t.get('cuda_splitkv', math.nan) / t.get('sdpa', math.nan):.2f}x",
-        ])
+        table.append(
+            [
+                row.shape,
+                row.sdpa_backend,
+                f"{t.get('sdpa', math.nan):.4f}",
+                f"{best:.4f}",
+                *(f"{t[k]:.4f}" if k in t else "err" for k in timing_fns),
+                f"{wm / t.get('sdpa', math.nan):.2f}x",
+                f"{flops / (wm * 1e-3) / 1e12:.1f}",
+                f"{t.get('cuda_splitkv', math.nan) / t.get('sdpa', math.nan):.2f}x",
+            ]
+        )
     print()
     print(fmt_table(headers, table))
     record["table_markdown"] = fmt_table(headers, table)

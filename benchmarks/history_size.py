@@ -36,7 +36,8 @@ def summaries(rng: np.random.Generator, base: np.ndarray, commit: int) -> list[C
         ratio = float(rng.uniform(0.5, 8.0))
         out.append(
             CaseSummary(
-                case=f"tests/perf/test_attention.py::test_attention_grid[variant{number % 7}-B8-H8-S{128 * (number + 1)}]",
+                case="tests/perf/test_attention.py::test_attention_grid"
+                f"[variant{number % 7}-B8-H8-S{128 * (number + 1)}]",
                 estimate_ns=est,
                 ci_ns=(est * math.exp(-half), est * math.exp(half * 1.1)),
                 noise=float(rng.uniform(0.001, 0.05)),
@@ -66,9 +67,7 @@ def main() -> None:
             for commit in range(args.commits):
                 digest = hashlib.sha256(f"run {commit}".encode()).digest()[:16]
                 sha = hashlib.sha1(f"commit {commit}".encode()).hexdigest()
-                history.add_run(
-                    summaries(rng, base, commit), digest, sha, 1_700_000_000 + 600 * commit, source="bench"
-                )
+                history.add_run(summaries(rng, base, commit), digest, sha, 1_700_000_000 + 600 * commit, source="bench")
         add_s = time.perf_counter() - t0
         size = path.stat().st_size
         with open_history(path) as history:

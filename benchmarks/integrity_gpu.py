@@ -80,13 +80,13 @@ def test_patched(perfguard_device):
 """
 
 
-
 def _plugin_args() -> list[str]:
     """Load the plugin by module name where it is not installed (a checkout on PYTHONPATH)."""
     from importlib.metadata import entry_points
 
     installed = any(ep.name == "perfguard" for ep in entry_points(group="pytest11"))
     return [] if installed else ["-p", "pytest_perfguard.plugin"]
+
 
 def _pytest(args: list[str], cwd: Path, log: Path, timeout: float) -> int:
     cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", *_plugin_args(), *args]
@@ -118,9 +118,7 @@ def _overhead(r: dict[str, Any]) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--out", type=Path, default=DEFAULT_DIR / "integrity_gpu", help="folder for the raw output"
-    )
+    ap.add_argument("--out", type=Path, default=DEFAULT_DIR / "integrity_gpu", help="folder for the raw output")
     ap.add_argument("--runs", type=int, default=2, help="fresh-process runs of each suite")
     ap.add_argument("--case-budget", type=float, default=0.4, help="--perfguard-case-budget for every case")
     ap.add_argument("-k", dest="select", default=None, help="pytest -k selection within tests/perf")
@@ -180,7 +178,8 @@ def main() -> int:
 
     print()
     print(
-        f"{'variant':32} {'cases':>5} {'failed':>6} {'flagged':>7} {'checks % of timing (median, max)':>34}  first message"
+        f"{'variant':32} {'cases':>5} {'failed':>6} {'flagged':>7} "
+        f"{'checks % of timing (median, max)':>34}  first message"
     )
     failures = 0
     for key in sorted(seen):
@@ -197,9 +196,7 @@ def main() -> int:
         honest = key.startswith("honest:") or key == "cheat:honest"
         if (honest and flagged) or (not honest and len(failed) < len(rs)):
             failures += 1
-    print(
-        f"\n{failures} problem(s): an honest variant flagged, or a cheat that passed. {time.monotonic() - t0:.0f}s"
-    )
+    print(f"\n{failures} problem(s): an honest variant flagged, or a cheat that passed. {time.monotonic() - t0:.0f}s")
     return 1 if failures else 0
 
 

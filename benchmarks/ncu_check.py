@@ -17,10 +17,12 @@ nothing; it is kept so that the recorded run can be repeated.
 Clocks: ncu also reads each launch's cycle count and SM clock (gpc__cycles_elapsed), and NVML samples the
 SM clock every millisecond while the engine measures (a thread beside the engine, which did not move its
 figures). "ncu cycles at the engine clock" divides ncu's cycles by NVML's clock; that column shows that
-NVML does not report the clock a kernel runs at. The sweep below compares clocks with ncu's own counter. --warm-calls N runs the variant N times back to back, unprofiled, before each
+NVML does not report the clock a kernel runs at. The sweep below compares clocks with ncu's own counter. --warm-calls
+N runs the variant N times back to back, unprofiled, before each
 profiled launch (the GPU busy until ncu takes over). --graph N profiles CUDA graphs of N back-to-back calls as
 one workload each (ncu --graph-profiling graph): ncu then times the calls as the engine runs them, with no
-idle GPU between calls, and its figures are divided by N. A graph carries a fixed start-up cost under ncu, so --sweep 8,16,32,64 profiles several sizes and takes the slope over N: the time,
+idle GPU between calls, and its figures are divided by N. A graph carries a fixed start-up cost under ncu, so --sweep
+8,16,32,64 profiles several sizes and takes the slope over N: the time,
 cycles and clock of one more back-to-back call, set against a single serialised launch.
 
 The engine runs outside ncu: under ncu, even with profiling off, CUDA-graph replays run far slower, so one
@@ -48,8 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from tabulate import tabulate
 
-CASES = [("triton_flash", (16, 8, 512, 64)), ("triton_flash", (4, 16, 2048, 64)), ("cuda_wmma", (16, 8, 512, 64)),
-         ("cuda_wmma", (4, 16, 2048, 64)), ("cuda_tiled", (8, 8, 256, 64))]
+CASES = [
+    ("triton_flash", (16, 8, 512, 64)),
+    ("triton_flash", (4, 16, 2048, 64)),
+    ("cuda_wmma", (16, 8, 512, 64)),
+    ("cuda_wmma", (4, 16, 2048, 64)),
+    ("cuda_tiled", (8, 8, 256, 64)),
+]
 LAUNCHES = 40
 METRICS = ("gpu__time_duration.sum", "gpc__cycles_elapsed.max", "gpc__cycles_elapsed.avg.per_second")
 
@@ -106,7 +113,9 @@ class SmClock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nv = nvml()
-        self._handle = None if self._nv is None else nvml_handle(self._nv, str(torch.cuda.get_device_properties(0).uuid))
+        self._handle = (
+            None if self._nv is None else nvml_handle(self._nv, str(torch.cuda.get_device_properties(0).uuid))
+        )
         self.available = self._handle is not None
 
     def read(self) -> int | None:
@@ -147,7 +156,10 @@ def isolated_us(fn: Callable[..., torch.Tensor], copies: list[tuple[torch.Tensor
     graphs = []
     for q, k, v in copies:
         fn(q, k, v, True)
-        start, end = torch.cuda.Event(enable_timing=True, external=True), torch.cuda.Event(enable_timing=True, external=True)
+        start, end = (
+            torch.cuda.Event(enable_timing=True, external=True),
+            torch.cuda.Event(enable_timing=True, external=True),
+        )
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             start.record()
@@ -228,25 +240,64 @@ def sweep(cache_control: str, sizes: list[int]) -> int:
         fb = cb / tb
         f_long = _median(g[max(sizes)][2][k]) / 1e6  # the clock of the longest graphs: least start-up in it
         adjusted = c1 / f_long
-        per_n.append([name, "B{} H{} S{} D{}".format(*shape)] + [
-            f"{_median(g[n][0][k]) * 1e6 / n:.2f} us, {_median(g[n][1][k]) / n / 1e3:.1f} kc, "
-            f"{_median(g[n][2][k]) / 1e6:.0f} MHz" for n in sizes])
-        table.append([name, "B{} H{} S{} D{}".format(*shape), f"{e:.2f}",
-                      f"{t1:.2f}", f"{c1 / 1e3:.1f}", f"{f1:.0f}",
-                      f"{tb:.2f}", f"{cb / 1e3:.1f}", f"{fb:.0f}",
-                      f"{(e / t1 - 1) * 100:+.1f}%", f"{(e / tb - 1) * 100:+.1f}%",
-                      f"{(cb / c1 - 1) * 100:+.1f}%", f"{(fb / f1 - 1) * 100:+.1f}%",
-                      f"{f_long:.0f}", f"{adjusted:.2f}", f"{(e / adjusted - 1) * 100:+.1f}%"])
+        per_n.append(
+            [name, "B{} H{} S{} D{}".format(*shape)]
+            + [
+                f"{_median(g[n][0][k]) * 1e6 / n:.2f} us, {_median(g[n][1][k]) / n / 1e3:.1f} kc, "
+                f"{_median(g[n][2][k]) / 1e6:.0f} MHz"
+                for n in sizes
+            ]
+        )
+        table.append(
+            [
+                name,
+                "B{} H{} S{} D{}".format(*shape),
+                f"{e:.2f}",
+                f"{t1:.2f}",
+                f"{c1 / 1e3:.1f}",
+                f"{f1:.0f}",
+                f"{tb:.2f}",
+                f"{cb / 1e3:.1f}",
+                f"{fb:.0f}",
+                f"{(e / t1 - 1) * 100:+.1f}%",
+                f"{(e / tb - 1) * 100:+.1f}%",
+                f"{(cb / c1 - 1) * 100:+.1f}%",
+                f"{(fb / f1 - 1) * 100:+.1f}%",
+                f"{f_long:.0f}",
+                f"{adjusted:.2f}",
+                f"{(e / adjusted - 1) * 100:+.1f}%",
+            ]
+        )
     props = torch.cuda.get_device_properties(0)
-    print(f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; ncu --cache-control "
-          f"{cache_control} --clock-control none; single: median of {LAUNCHES} serialised launches; back-to-back: "
-          f"least-squares slope over graphs of {sizes} calls (median of {LAUNCHES} graphs each), profiled whole")
-    print(tabulate(table, headers=["variant", "shape", "engine us", "single us", "single kcycles", "single MHz",
-                                   "back-to-back us/call", "back-to-back kcycles/call", "back-to-back MHz",
-                                   "engine vs single", "engine vs back-to-back", "cycles b2b vs single",
-                                   "clock b2b vs single", f"MHz in graphs of {max(sizes)}",
-                                   "single cycles at that clock us", "engine vs that"],
-                   disable_numparse=True))
+    print(
+        f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; ncu --cache-control "
+        f"{cache_control} --clock-control none; single: median of {LAUNCHES} serialised launches; back-to-back: "
+        f"least-squares slope over graphs of {sizes} calls (median of {LAUNCHES} graphs each), profiled whole"
+    )
+    print(
+        tabulate(
+            table,
+            headers=[
+                "variant",
+                "shape",
+                "engine us",
+                "single us",
+                "single kcycles",
+                "single MHz",
+                "back-to-back us/call",
+                "back-to-back kcycles/call",
+                "back-to-back MHz",
+                "engine vs single",
+                "engine vs back-to-back",
+                "cycles b2b vs single",
+                "clock b2b vs single",
+                f"MHz in graphs of {max(sizes)}",
+                "single cycles at that clock us",
+                "engine vs that",
+            ],
+            disable_numparse=True,
+        )
+    )
     print("per graph size: median over graphs of (duration, cycles) / N, and the graph's mean SM clock")
     print(tabulate(per_n, headers=["variant", "shape", *(f"N={n}" for n in sizes)], disable_numparse=True))
     return 0
@@ -255,13 +306,29 @@ def sweep(cache_control: str, sizes: list[int]) -> int:
 def _profile(cache_control: str = "all", warm_calls: int = 0, graph_calls: int = 0) -> list[dict[str, str]]:
     """Runs --launch under ncu; its CSV rows (empty after printing why, when ncu gave none)."""
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--cache-control", cache_control,
-           "--metrics", ",".join(METRICS), "--csv", sys.executable, __file__, "--launch",
-           "--warm-calls", str(warm_calls), "--graph", str(graph_calls)]
+    cmd = [
+        ncu,
+        "--profile-from-start",
+        "off",
+        "--clock-control",
+        "none",
+        "--cache-control",
+        cache_control,
+        "--metrics",
+        ",".join(METRICS),
+        "--csv",
+        sys.executable,
+        __file__,
+        "--launch",
+        "--warm-calls",
+        str(warm_calls),
+        "--graph",
+        str(graph_calls),
+    ]
     if graph_calls:
         cmd[1:1] = ["--graph-profiling", "graph"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    rows = list(csv.DictReader(io.StringIO(proc.stdout[proc.stdout.find('"ID"'):])))
+    rows = list(csv.DictReader(io.StringIO(proc.stdout[proc.stdout.find('"ID"') :])))
     if not rows:
         print("ncu produced no rows:\n", proc.stdout[-3000:], proc.stderr[-3000:])
     return rows
@@ -291,15 +358,22 @@ def _base(value: str, unit: str) -> float:
 def _per_case(rows: list[dict[str, str]], metric: str) -> list[list[float]]:
     # Rows come in launch order: LAUNCHES kernels per case (single-kernel variants).
     values = [_base(r["Metric Value"], r["Metric Unit"]) for r in rows if r.get("Metric Name") == metric]
-    return [values[i * LAUNCHES:(i + 1) * LAUNCHES] for i in range(len(CASES))]
+    return [values[i * LAUNCHES : (i + 1) * LAUNCHES] for i in range(len(CASES))]
 
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def _print(engine: dict[str, float], engine_mhz: dict[str, float], isolated: dict[str, float],
-           rows: list[dict[str, str]], cache_control: str, warm_calls: int, graph_calls: int) -> int:
+def _print(
+    engine: dict[str, float],
+    engine_mhz: dict[str, float],
+    isolated: dict[str, float],
+    rows: list[dict[str, str]],
+    cache_control: str,
+    warm_calls: int,
+    graph_calls: int,
+) -> int:
     duration, cycles, rate = (_per_case(rows, m) for m in METRICS)
     per_call = graph_calls or 1  # a graph's figures cover graph_calls calls
     units = sorted({f"{r['Metric Name']}: {r['Metric Unit']}" for r in rows if r.get("Metric Name") in METRICS})
@@ -311,20 +385,53 @@ def _print(engine: dict[str, float], engine_mhz: dict[str, float], isolated: dic
         n_mhz = _median(rate[k]) / 1e6
         n_cycles = _median(cycles[k]) / per_call
         at_engine_clock = n_cycles / mhz if mhz == mhz else float("nan")  # cycles / MHz = us
-        table.append([name, "B{} H{} S{} D{}".format(*shape), f"{e:.2f}", f"{n:.2f}", f"{(e / n - 1) * 100:+.1f}%",
-                      f"{mhz:.0f}", f"{n_mhz:.0f}", f"{n_cycles / 1e3:.1f}", f"{at_engine_clock:.2f}",
-                      f"{(e / at_engine_clock - 1) * 100:+.1f}%", f"{i:.2f}", f"{(i / n - 1) * 100:+.1f}%"])
+        table.append(
+            [
+                name,
+                "B{} H{} S{} D{}".format(*shape),
+                f"{e:.2f}",
+                f"{n:.2f}",
+                f"{(e / n - 1) * 100:+.1f}%",
+                f"{mhz:.0f}",
+                f"{n_mhz:.0f}",
+                f"{n_cycles / 1e3:.1f}",
+                f"{at_engine_clock:.2f}",
+                f"{(e / at_engine_clock - 1) * 100:+.1f}%",
+                f"{i:.2f}",
+                f"{(i / n - 1) * 100:+.1f}%",
+            ]
+        )
     props = torch.cuda.get_device_properties(0)
-    print(f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; ncu units {units}; "
-          f"{LAUNCHES} profiled launches per case on 8 rotating input copies; engine in this process, ncu in a child; "
-          f"ncu --cache-control {cache_control}; {warm_calls} unprofiled back-to-back calls before each profiled one; "
-          + (f"ncu profiles graphs of {graph_calls} back-to-back calls (figures per call)" if graph_calls
-             else "ncu profiles single launches"))
-    print(tabulate(table, headers=["variant", "shape", "engine us", "ncu gpu__time_duration us (median)", "engine vs ncu",
-                                   "engine SM MHz (NVML median)", "ncu SM MHz (median)", "ncu kcycles (median)",
-                                   "ncu cycles at engine clock us", "engine vs that", "isolated launch us",
-                                   "isolated vs ncu"],
-                   disable_numparse=True))
+    print(
+        f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; ncu units {units}; "
+        f"{LAUNCHES} profiled launches per case on 8 rotating input copies; engine in this process, ncu in a child; "
+        f"ncu --cache-control {cache_control}; {warm_calls} unprofiled back-to-back calls before each profiled one; "
+        + (
+            f"ncu profiles graphs of {graph_calls} back-to-back calls (figures per call)"
+            if graph_calls
+            else "ncu profiles single launches"
+        )
+    )
+    print(
+        tabulate(
+            table,
+            headers=[
+                "variant",
+                "shape",
+                "engine us",
+                "ncu gpu__time_duration us (median)",
+                "engine vs ncu",
+                "engine SM MHz (NVML median)",
+                "ncu SM MHz (median)",
+                "ncu kcycles (median)",
+                "ncu cycles at engine clock us",
+                "engine vs that",
+                "isolated launch us",
+                "isolated vs ncu",
+            ],
+            disable_numparse=True,
+        )
+    )
     return 0
 
 
@@ -332,14 +439,31 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--launch", action="store_true")
     ap.add_argument("--compare", action="store_true")
-    ap.add_argument("--cache-control", default="all", choices=["all", "none"],
-                    help="ncu's cache control: all (flush every cache before each profiled launch) or none")
-    ap.add_argument("--warm-calls", type=int, default=0,
-                    help="unprofiled back-to-back calls before each profiled launch (0: none, as before)")
-    ap.add_argument("--graph", type=int, default=0, metavar="N",
-                    help="profile CUDA graphs of N back-to-back calls as one workload each (0: single launches)")
-    ap.add_argument("--sweep", default="", metavar="N,N,...",
-                    help="compare single launches with back-to-back calls: graphs of these sizes, profiled whole")
+    ap.add_argument(
+        "--cache-control",
+        default="all",
+        choices=["all", "none"],
+        help="ncu's cache control: all (flush every cache before each profiled launch) or none",
+    )
+    ap.add_argument(
+        "--warm-calls",
+        type=int,
+        default=0,
+        help="unprofiled back-to-back calls before each profiled launch (0: none, as before)",
+    )
+    ap.add_argument(
+        "--graph",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile CUDA graphs of N back-to-back calls as one workload each (0: single launches)",
+    )
+    ap.add_argument(
+        "--sweep",
+        default="",
+        metavar="N,N,...",
+        help="compare single launches with back-to-back calls: graphs of these sizes, profiled whole",
+    )
     a = ap.parse_args()
     if a.sweep:
         try:

@@ -66,8 +66,13 @@ def main() -> int:
 
     rows = []
     for i in range(args.processes):
-        out = subprocess.run([sys.executable, __file__, "--child", str(i + 1)], capture_output=True, text=True, check=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", str(i + 1)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         t = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append([i + 1, *t, f"{t[0] / statistics.median(t[1:]) - 1:+.1%}"])
     print(tabulate(rows, headers=["process", *(f"trial {j} ns" for j in range(1, 11)), "trial 1 vs rest"]))

@@ -61,24 +61,40 @@ def summarize(results: Path, x: float) -> int:
         else:
             kind = verdict
             est = {g["gate"]: g.get("estimate") for g in r.get("gates", [])}
-            missed.append([r["id"].split("::")[-1], verdict, _pct(est.get("baseline")), _pct(est.get("ratio")),
-                           _pct(None if r.get("mde") is None else 1 + r["mde"])])
+            missed.append(
+                [
+                    r["id"].split("::")[-1],
+                    verdict,
+                    _pct(est.get("baseline")),
+                    _pct(est.get("ratio")),
+                    _pct(None if r.get("mde") is None else 1 + r["mde"]),
+                ]
+            )
         per[r.get("variant") or "?"][kind] += 1
     if not per:
         print(f"{results}: no results")
         return 1
     kinds = ["confirmed", "unconfirmed", "inconclusive", "pass", "faster"]
     kinds += sorted({k for c in per.values() for k in c} - set(kinds))  # skipped, incorrect, timeout, ...
-    rows = [[v, sum(c.values()), sum(c[k] for k in ("confirmed", "unconfirmed")), *(c[k] for k in kinds)]
-            for v, c in sorted(per.items())]
+    rows = [
+        [v, sum(c.values()), sum(c[k] for k in ("confirmed", "unconfirmed")), *(c[k] for k in kinds)]
+        for v, c in sorted(per.items())
+    ]
     total = [sum(r[i] for r in rows) for i in range(1, len(rows[0]))]
-    print(f"planted +{x * 100:g}% on every case ({results.name}; device {doc['device'].get('name')}, "
-          f"torch {doc['device'].get('torch')}, margin {doc['summary'].get('margin')})")
+    print(
+        f"planted +{x * 100:g}% on every case ({results.name}; device {doc['device'].get('name')}, "
+        f"torch {doc['device'].get('torch')}, margin {doc['summary'].get('margin')})"
+    )
     print(tabulate([*rows, ["all", *total]], headers=["variant", "cases", "regressed", *kinds], disable_numparse=True))
     if missed:
         print("\nnot regressed (the plant missed):")
-        print(tabulate(missed, headers=["case", "verdict", "time vs baseline", "ratio vs baseline", "MDE (95%)"],
-                       disable_numparse=True))
+        print(
+            tabulate(
+                missed,
+                headers=["case", "verdict", "time vs baseline", "ratio vs baseline", "MDE (95%)"],
+                disable_numparse=True,
+            )
+        )
     return 0
 
 

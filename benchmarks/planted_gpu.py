@@ -45,8 +45,12 @@ from pytest_perfguard.baseline import BaselineEntry, read_baseline
 from pytest_perfguard.session import NOISE_FLOOR, RATIO_NOISE_FLOOR
 from pytest_perfguard.timing import CudaTimer, MeasureConfig, Measurement, measure, pooled
 
-CASES = [("sdpa", (8, 8, 128, 64)), ("triton_flash", (16, 8, 512, 64)), ("cuda_wmma", (4, 16, 2048, 64)),
-         ("torch_hybrid", (8, 8, 256, 64))]
+CASES = [
+    ("sdpa", (8, 8, 128, 64)),
+    ("triton_flash", (16, 8, 512, 64)),
+    ("cuda_wmma", (4, 16, 2048, 64)),
+    ("torch_hybrid", (8, 8, 256, 64)),
+]
 PLANTS = [0.0, 0.02, 0.03, 0.05, 0.10]
 FAMILY = 98  # timed cases in the guarded suite: the Bonferroni family a case is judged in
 Factory = Callable[[int], Callable[[], object]]
@@ -70,15 +74,22 @@ def factory(fn: Callable[..., torch.Tensor], copies: list[tuple[torch.Tensor, ..
             if cycles:
                 torch.cuda._sleep(cycles)
             return out
+
         return call
+
     return make
 
 
 class Calibrator:
     """Spin length for a realised slowdown, from paired measurements of spun against bare calls."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], copies: list[tuple[torch.Tensor, ...]], timer: CudaTimer,
-                 cfg: MeasureConfig) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        copies: list[tuple[torch.Tensor, ...]],
+        timer: CudaTimer,
+        cfg: MeasureConfig,
+    ) -> None:
         self.fn, self.copies, self.timer, self.cfg = fn, copies, timer, cfg
         self.bare = factory(fn, copies, 0)
 
@@ -87,7 +98,9 @@ class Calibrator:
         assert m.ratio is not None
         return m.ratio.estimate - 1, m.ratio.lo - 1, m.ratio.hi - 1
 
-    def fit(self, target: float, ns_per_cycle: float, median_ns: float) -> tuple[int, tuple[float, float, float], float]:
+    def fit(
+        self, target: float, ns_per_cycle: float, median_ns: float
+    ) -> tuple[int, tuple[float, float, float], float]:
         """(cycles, realised (est, lo, hi), floor): r(c) = floor + a*c, fitted on the floor and a probe,
         then refitted on the latest probe at most twice, until it lands within 0.2 points of the target."""
         floor = self.realised(1)[0]
@@ -115,8 +128,16 @@ def ns_per_cycle() -> float:
 
 
 def judge(m: Measurement, stored: BaselineEntry, policy: vd.Policy) -> vd.Verdict:
-    return vd.decide(m.variant_blocks, m.against_blocks, stored, workload=stored.workload, env=stored.env,
-                     policy=policy, max_ratio=None, incomparable=[])
+    return vd.decide(
+        m.variant_blocks,
+        m.against_blocks,
+        stored,
+        workload=stored.workload,
+        env=stored.env,
+        policy=policy,
+        max_ratio=None,
+        incomparable=[],
+    )
 
 
 def trial_verdict(ms: dict[str, Measurement], stored: BaselineEntry, policy: vd.Policy, confidence: float) -> str:
@@ -142,8 +163,16 @@ def main() -> int:
     base = read_baseline(args.baseline)
     timer = CudaTimer()
     cfg = MeasureConfig(target=0.01, budget_s=5.0, min_time_s=0.3)
-    policies = {mg: vd.Policy(margin=mg, family_size=FAMILY, noise_floor=NOISE_FLOOR["cuda"],
-                              ratio_noise_floor=RATIO_NOISE_FLOOR["cuda"], confirm=True) for mg in margins}
+    policies = {
+        mg: vd.Policy(
+            margin=mg,
+            family_size=FAMILY,
+            noise_floor=NOISE_FLOOR["cuda"],
+            ratio_noise_floor=RATIO_NOISE_FLOOR["cuda"],
+            confirm=True,
+        )
+        for mg in margins
+    }
     strictest = policies[min(margins)]
     cyc = ns_per_cycle()
     rows: list[list[str]] = []
@@ -157,8 +186,17 @@ def main() -> int:
         for plant in PLANTS:
             cycles, real, floor = (0, (0.0, 0.0, 0.0), 0.0) if plant == 0 else calib.fit(plant, cyc, stored.median_ns)
             if plant and cycles == 0:
-                rows.append([name, f"B{shape[0]} H{shape[1]} S{shape[2]}", f"+{plant:.0%}",
-                             f"floor +{floor:.1%}: not plantable", "-", *["-"] * len(margins), "-"])
+                rows.append(
+                    [
+                        name,
+                        f"B{shape[0]} H{shape[1]} S{shape[2]}",
+                        f"+{plant:.0%}",
+                        f"floor +{floor:.1%}: not plantable",
+                        "-",
+                        *["-"] * len(margins),
+                        "-",
+                    ]
+                )
                 out.append({"case": cid, "plant": plant, "floor": floor, "plantable": False})
                 continue
             against = factory(sdpa, copies, 0)
@@ -171,37 +209,87 @@ def main() -> int:
                 ms = {"first": measure(variant, against, timer, cfg, rng=rng)}
                 if any(judge(ms["first"], stored, p).needs_remeasure for p in policies.values()):
                     ms["again"] = measure(variant, against, timer, cfg, copies=ms["first"].reps, rng=rng)
-                if any(trial_verdict(ms, stored, p, cfg.confidence).startswith(vd.REGRESSED) for p in policies.values()):
+                if any(
+                    trial_verdict(ms, stored, p, cfg.confidence).startswith(vd.REGRESSED) for p in policies.values()
+                ):
                     fresh = copies_of(shape)
                     ms["confirm"] = measure(factory(fn, fresh, cycles), factory(sdpa, fresh, 0), timer, cfg, rng=rng)
                     del fresh
                 trials.append(ms)
                 secs.append(time.perf_counter() - t0)
-            verdicts = {mg: [trial_verdict(ms, stored, p, cfg.confidence) for ms in trials] for mg, p in policies.items()}
-            mdes = [g.mde for ms in trials for g in judge(ms["first"], stored, strictest).gates
-                    if g.name == "baseline" and g.mde is not None]
-            cells = [f"{sum(v == vd.REGRESSED for v in vs)}/{len(vs)} ({sum(v == vd.INCONCLUSIVE for v in vs)} inc.)"
-                     for vs in verdicts.values()]
-            rows.append([name, f"B{shape[0]} H{shape[1]} S{shape[2]}", f"+{plant:.0%}",
-                         f"{real[0]:+.1%} [{real[1]:+.1%}, {real[2]:+.1%}]" if plant else "A/A",
-                         f"+{floor:.1%}" if plant else "-", *cells, f"{statistics.median(secs):.2f}"])
-            out.append({"case": cid, "plant": plant, "cycles": cycles, "realised": real, "floor": floor,
-                        "verdicts": {str(k): v for k, v in verdicts.items()}, "seconds": secs,
-                        "mde_first_measure": mdes,
-                        "blocks": [{k: [m.variant_blocks, m.against_blocks] for k, m in ms.items()} for ms in trials]})
+            verdicts = {
+                mg: [trial_verdict(ms, stored, p, cfg.confidence) for ms in trials] for mg, p in policies.items()
+            }
+            mdes = [
+                g.mde
+                for ms in trials
+                for g in judge(ms["first"], stored, strictest).gates
+                if g.name == "baseline" and g.mde is not None
+            ]
+            cells = [
+                f"{sum(v == vd.REGRESSED for v in vs)}/{len(vs)} ({sum(v == vd.INCONCLUSIVE for v in vs)} inc.)"
+                for vs in verdicts.values()
+            ]
+            rows.append(
+                [
+                    name,
+                    f"B{shape[0]} H{shape[1]} S{shape[2]}",
+                    f"+{plant:.0%}",
+                    f"{real[0]:+.1%} [{real[1]:+.1%}, {real[2]:+.1%}]" if plant else "A/A",
+                    f"+{floor:.1%}" if plant else "-",
+                    *cells,
+                    f"{statistics.median(secs):.2f}",
+                ]
+            )
+            out.append(
+                {
+                    "case": cid,
+                    "plant": plant,
+                    "cycles": cycles,
+                    "realised": real,
+                    "floor": floor,
+                    "verdicts": {str(k): v for k, v in verdicts.items()},
+                    "seconds": secs,
+                    "mde_first_measure": mdes,
+                    "blocks": [{k: [m.variant_blocks, m.against_blocks] for k, m in ms.items()} for ms in trials],
+                }
+            )
             if plant == 0 and mdes:
                 rows[-1][4] = f"MDE {statistics.median(mdes):+.1%}"
             print(" | ".join(rows[-1]), flush=True)
     props = torch.cuda.get_device_properties(0)
-    print(f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; baseline {args.baseline.name} "
-          f"({args.trials} trials per row; spin {cyc:.3f} ns/cycle; family {FAMILY}; confirmation = independent "
-          "measurement on fresh inputs and graphs)")
-    print(tabulate(rows, headers=["variant", "shape", "planted", "realised [95% CI]", "floor / A/A MDE",
-                                  *[f"caught at {m:.0%}" for m in margins], "median s/trial"], disable_numparse=True))
-    doc = {"device": props.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "margins": margins,
-           "ns_per_cycle": cyc, "rows": out}
+    print(
+        f"device: {props.name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; baseline {args.baseline.name} "
+        f"({args.trials} trials per row; spin {cyc:.3f} ns/cycle; family {FAMILY}; confirmation = independent "
+        "measurement on fresh inputs and graphs)"
+    )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "variant",
+                "shape",
+                "planted",
+                "realised [95% CI]",
+                "floor / A/A MDE",
+                *[f"caught at {m:.0%}" for m in margins],
+                "median s/trial",
+            ],
+            disable_numparse=True,
+        )
+    )
+    doc = {
+        "device": props.name,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "margins": margins,
+        "ns_per_cycle": cyc,
+        "rows": out,
+    }
     for path in output_paths("planted.json", args.json):
-        path.write_text(json.dumps(doc, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x) + "\n")
+        path.write_text(
+            json.dumps(doc, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x) + "\n"
+        )
     return 0
 
 

@@ -52,7 +52,13 @@ TRITON: list[tuple[str, tuple[int, int, int, int], dict[str, bool]]] = [
 
 # Cfg<D, warps, m-tiles per warp, BLOCK_N, min CTAs per SM> of flash_mma.cuh; the first is the shipped one.
 CUDA_CFGS: list[tuple[int, int, int, int]] = [
-    (4, 2, 64, 2), (8, 1, 64, 2), (8, 2, 64, 1), (4, 1, 128, 2), (8, 1, 128, 1), (8, 1, 128, 2), (4, 2, 32, 2),
+    (4, 2, 64, 2),
+    (8, 1, 64, 2),
+    (8, 2, 64, 1),
+    (4, 1, 128, 2),
+    (8, 1, 128, 1),
+    (8, 1, 128, 2),
+    (4, 2, 32, 2),
     (4, 1, 64, 4),
 ]
 
@@ -66,7 +72,8 @@ void go(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, bool
   const int BH = q.size(0) * q.size(1), S = q.size(2);
   auto p = make_params<__half>(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), BH, S, 64);
   cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
-  cudaError_t e = causal ? launch_flash<__half, C, true, false>(p, 1, st) : launch_flash<__half, C, false, false>(p, 1, st);
+  cudaError_t e = causal ? launch_flash<__half, C, true, false>(p, 1, st)
+                         : launch_flash<__half, C, false, false>(p, 1, st);
   TORCH_CHECK(e == cudaSuccess, cudaGetErrorString(e));
 }
 void run_cfg(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, bool causal, int64_t cfg) {
@@ -81,17 +88,26 @@ CASES
 def build_cuda() -> Any:
     from torch.utils.cpp_extension import load_inline
 
-    cases = "\n".join(f"    case {i}: go<Cfg<64, {w}, {mt}, {bn}, {mb}>>(q, k, v, o, causal); return;"
-                      for i, (w, mt, bn, mb) in enumerate(CUDA_CFGS))
+    cases = "\n".join(
+        f"    case {i}: go<Cfg<64, {w}, {mt}, {bn}, {mb}>>(q, k, v, o, causal); return;"
+        for i, (w, mt, bn, mb) in enumerate(CUDA_CFGS)
+    )
     major, minor = torch.cuda.get_device_capability()
     return load_inline(
-        name="tile_explore_cuda", cpp_sources="#include <torch/extension.h>\nvoid run_cfg(torch::Tensor q, "
+        name="tile_explore_cuda",
+        cpp_sources="#include <torch/extension.h>\nvoid run_cfg(torch::Tensor q, "
         "torch::Tensor k, torch::Tensor v, torch::Tensor o, bool causal, int64_t cfg);",
-        cuda_sources=_CUDA_SRC.replace("CASES", cases), functions=["run_cfg"],
+        cuda_sources=_CUDA_SRC.replace("CASES", cases),
+        functions=["run_cfg"],
         extra_include_paths=[str(ROOT / "kernels" / "cuda")],
-        extra_cuda_cflags=["-O3", "-std=c++17", f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",
-                           "-Xptxas=-v"],
-        verbose=True)
+        extra_cuda_cflags=[
+            "-O3",
+            "-std=c++17",
+            f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",
+            "-Xptxas=-v",
+        ],
+        verbose=True,
+    )
 
 
 def load_timing() -> Any:
@@ -132,23 +148,33 @@ def main() -> int:
     if args.shipped:
         candidates = [(name, KERNELS[name]) for name in ("triton_flash", "cuda_wmma")]
     for path, cfg, kw in [] if args.shipped else TRITON:
-        def tfn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: bool, cfg: Any = cfg, kw: Any = kw) -> torch.Tensor:
+
+        def tfn(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: bool, cfg: Any = cfg, kw: Any = kw
+        ) -> torch.Tensor:
             return triton_flash(q, k, v, c, config=cfg, **kw)
+
         candidates.append((f"triton {path} " + "x".join(map(str, cfg)), tfn))
     if not args.no_cuda and not args.shipped:
         t0 = time.time()
         ext = build_cuda()
         print(f"cuda build {time.time() - t0:.0f} s")
         for i, (w, mt, bn, mb) in enumerate(CUDA_CFGS):
+
             def cfn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: bool, i: int = i) -> torch.Tensor:
                 o = torch.empty_like(q)
                 ext.run_cfg(q, k, v, o, c, i)
                 return o
+
             candidates.append((f"cuda w{w} mt{mt} bn{bn} mb{mb}", cfn))
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows: list[list[Any]] = []
-    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "date": time.strftime("%Y-%m-%d"), "results": []}
+    doc: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "results": [],
+    }
     for name, fn in candidates:
         try:
             err = max_err(fn)
@@ -157,22 +183,36 @@ def main() -> int:
             continue
         row: list[Any] = [name, f"{err:.2f}"]
         for b, h, s in shapes:
-            inputs = [tuple(torch.randn(b, h, s, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-                      for _ in range(8)]
+            inputs = [
+                tuple(torch.randn(b, h, s, 64, device="cuda", dtype=torch.float16) for _ in range(3)) for _ in range(8)
+            ]
             try:
                 t = timing.pair(fn, ref, inputs, True)
                 row.append(f"{t.time_s * 1e6:.1f} us x{t.ratio:.3f} [{t.ratio_lo:.3f},{t.ratio_hi:.3f}]")
-                doc["results"].append({"candidate": name, "shape": [b, h, s, 64], "err_vs_sdpa_err": err,
-                                       "time_us": t.time_s * 1e6, "ratio": t.ratio, "ratio_ci": [t.ratio_lo, t.ratio_hi],
-                                       "against": args.against or "default", "method": t.method})
+                doc["results"].append(
+                    {
+                        "candidate": name,
+                        "shape": [b, h, s, 64],
+                        "err_vs_sdpa_err": err,
+                        "time_us": t.time_s * 1e6,
+                        "ratio": t.ratio,
+                        "ratio_ci": [t.ratio_lo, t.ratio_hi],
+                        "against": args.against or "default",
+                        "method": t.method,
+                    }
+                )
             except Exception as exc:
                 row.append("error: " + str(exc).splitlines()[0][:60])
             del inputs
         rows.append(row)
         print(" | ".join(map(str, row)), flush=True)
-    print(f"device {doc['device']}; torch {doc['torch']}; {doc['date']}; D=64 fp16 causal; engine-paired ratio to "
-          f"SDPA {args.against or 'default'}; err = max|err| vs fp32 math / SDPA-fp16's own")
-    print(tabulate(rows, headers=["candidate", "err", *[f"B{b} H{h} S{s}" for b, h, s in shapes]], disable_numparse=True))
+    print(
+        f"device {doc['device']}; torch {doc['torch']}; {doc['date']}; D=64 fp16 causal; engine-paired ratio to "
+        f"SDPA {args.against or 'default'}; err = max|err| vs fp32 math / SDPA-fp16's own"
+    )
+    print(
+        tabulate(rows, headers=["candidate", "err", *[f"B{b} H{h} S{s}" for b, h, s in shapes]], disable_numparse=True)
+    )
     for path in output_paths(f"tile_explore_{args.against or 'default'}.json"):
         path.write_text(json.dumps(doc, indent=2) + "\n")
     return 0

@@ -98,21 +98,57 @@ def main() -> int:
             e2 = engine(fn_of, timer)
             backend = sdpa_backend(*copies[0], True) if name == "sdpa" else "-"
             row = {
-                "shape": f"B{B} H{H} S{S} D{D}", "variant": name, "backend": backend, "per_launch_us": pl,
-                "do_bench_us": db, "engine_us": e1["us"], "engine_aa_us": e2["us"], "engine": e1, "engine_aa": e2,
+                "shape": f"B{B} H{H} S{S} D{D}",
+                "variant": name,
+                "backend": backend,
+                "per_launch_us": pl,
+                "do_bench_us": db,
+                "engine_us": e1["us"],
+                "engine_aa_us": e2["us"],
+                "engine": e1,
+                "engine_aa": e2,
             }
             out.append(row)
-            rows.append([
-                row["shape"], name, backend, f"{pl:.2f}", f"{db:.2f}", f"{e1['us']:.2f} ±{e1['ci_pct']:.2f}%",
-                f"{e2['us']:.2f} ±{e2['ci_pct']:.2f}%", f"{(e2['us'] / e1['us'] - 1) * 100:+.2f}%",
-                f"{e1['blocks']}x{e1['reps']} {e1['stop']}", f"{e1['spent_s']:.2f}", f"{e1['wall_ratio']:.2f}",
-                e1["mode"],
-            ])
-    print(f"device: {props.name}, sm {props.major}.{props.minor}, {props.multi_processor_count} SMs, "
-          f"L2 {props.L2_cache_size >> 20} MiB; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}")
-    print(tabulate(rows, headers=["shape", "variant", "sdpa backend", "per-launch us", "do_bench us", "engine us ±CI",
-                                  "engine A/A us ±CI", "A/A diff", "blocks x reps, stop", "time s", "wall/event", "mode"],
-                   disable_numparse=True))
+            rows.append(
+                [
+                    row["shape"],
+                    name,
+                    backend,
+                    f"{pl:.2f}",
+                    f"{db:.2f}",
+                    f"{e1['us']:.2f} ±{e1['ci_pct']:.2f}%",
+                    f"{e2['us']:.2f} ±{e2['ci_pct']:.2f}%",
+                    f"{(e2['us'] / e1['us'] - 1) * 100:+.2f}%",
+                    f"{e1['blocks']}x{e1['reps']} {e1['stop']}",
+                    f"{e1['spent_s']:.2f}",
+                    f"{e1['wall_ratio']:.2f}",
+                    e1["mode"],
+                ]
+            )
+    print(
+        f"device: {props.name}, sm {props.major}.{props.minor}, {props.multi_processor_count} SMs, "
+        f"L2 {props.L2_cache_size >> 20} MiB; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}"
+    )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "shape",
+                "variant",
+                "sdpa backend",
+                "per-launch us",
+                "do_bench us",
+                "engine us ±CI",
+                "engine A/A us ±CI",
+                "A/A diff",
+                "blocks x reps, stop",
+                "time s",
+                "wall/event",
+                "mode",
+            ],
+            disable_numparse=True,
+        )
+    )
     doc = {"device": props.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": out}
     for path in output_paths("timing_check.json", args.json):
         path.write_text(json.dumps(doc, indent=2, default=str) + "\n")

@@ -123,6 +123,8 @@ class Drift:
 
     def describe(self) -> str:
         return DRIFTS.get(self.kind, self.kind)
+
+
 SIZES = (0.01, 0.02, 0.03, 0.05, 0.10)
 FLUSH_US = 100.0  # zeroing 256 MiB before each do_bench launch (~2.7 TB/s): counts in do_bench's n_repeat
 DO_BENCH_REP_MS = 100.0
@@ -343,16 +345,24 @@ def ratio_noise(runs: Sequence[Run]) -> float:
     noise, last, n = floor, ratios[0], 1
     for x in ratios[1:]:
         probe = bl.BaselineEntry(
-            case_id="r", workload=WORKLOAD, workload_desc="", env={}, median_ns=last, ci_ns=(last, last),
-            ratio=None, ratio_ci=None, noise=noise, runs=n, blocks=0, updated="",
+            case_id="r",
+            workload=WORKLOAD,
+            workload_desc="",
+            env={},
+            median_ns=last,
+            ci_ns=(last, last),
+            ratio=None,
+            ratio_ci=None,
+            noise=noise,
+            runs=n,
+            blocks=0,
+            updated="",
         )
         noise, last, n = bl.fold_noise(probe, x, floor), x, n + 1
     return noise
 
 
-def judge_perfguard(
-    run: Run, stored: bl.BaselineEntry, policy: Policy, ratio_noise: float | None = None
-) -> Judged:
+def judge_perfguard(run: Run, stored: bl.BaselineEntry, policy: Policy, ratio_noise: float | None = None) -> Judged:
     """decide() plus the runner's rule: a regressed/inconclusive case is re-measured once, blocks pooled.
 
     `ratio_noise` (a proposal) judges the ratio gate with the ratio's own folded noise instead of time's.
@@ -475,12 +485,13 @@ class Config:
     ratio_noise: bool = False  # proposal: the ratio gate uses the ratio's own folded between-run noise
     confirm: bool = True  # as the plugin: a regressed case is judged again in a fresh process (run)
     # As the runner builds it on CUDA: min_time_s = min(0.3, budget / 2).
-    measure: MeasureConfig = field(
-        default_factory=lambda: MeasureConfig(target=0.01, budget_s=5.0, min_time_s=0.3)
-    )
+    measure: MeasureConfig = field(default_factory=lambda: MeasureConfig(target=0.01, budget_s=5.0, min_time_s=0.3))
     policy: Policy = field(
         default_factory=lambda: Policy(
-            margin=Settings().margin, alpha=Settings().alpha, family_size=1, noise_floor=NOISE_FLOOR["cuda"],
+            margin=Settings().margin,
+            alpha=Settings().alpha,
+            family_size=1,
+            noise_floor=NOISE_FLOOR["cuda"],
             ratio_noise_floor=RATIO_NOISE_FLOOR["cuda"],
         )
     )
@@ -517,7 +528,9 @@ def run_class(
                         if j.status == REGRESSED and cfg.confirm:
                             # The plugin's confirmation: the case again in a fresh process (a fresh drift
                             # draw); it stays regressed only if it regresses there too.
-                            again = judge_perfguard(simulate_run(pools, size, cfg.measure, rng, sd, rsd), stored, pol, r_noise)
+                            again = judge_perfguard(
+                                simulate_run(pools, size, cfg.measure, rng, sd, rsd), stored, pol, r_noise
+                            )
                             j = Judged(
                                 REGRESSED if again.status == REGRESSED else INCONCLUSIVE,
                                 j.samples + again.samples,
@@ -595,10 +608,17 @@ def table(rows: list[dict[str, Any]]) -> str:
     body = []
     for r in rows:
         body.append(
-            [r["rule"], f"{r['false_alarms']}/{r['n']} (<= {_pct(r['false_alarm_upper95'])})", _pct(r["inconclusive_rate"])]
+            [
+                r["rule"],
+                f"{r['false_alarms']}/{r['n']} (<= {_pct(r['false_alarm_upper95'])})",
+                _pct(r["inconclusive_rate"]),
+            ]
             + [_pct(r[f"detect +{s * 100:g}%"]) for s in SIZES]
-            + [f"{r['median_samples']:.0f}", f"{r['median_device_s']:.3f}, {r['median_device_s_all']:.3f}",
-               f"{r['max_device_s']:.2f}"]
+            + [
+                f"{r['median_samples']:.0f}",
+                f"{r['median_device_s']:.3f}, {r['median_device_s_all']:.3f}",
+                f"{r['max_device_s']:.2f}",
+            ]
         )
     return tabulate(body, headers=heads, tablefmt="github")
 
@@ -664,16 +684,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stress-fraction", type=float, default=0.2, help="share of --trials for the stress classes")
     ap.add_argument("--seed", type=int, default=20261121)
     ap.add_argument(
-        "--drift", default="survey98",
+        "--drift",
+        default="survey98",
         # argparse %-formats help text: the drift descriptions carry percent signs
         help=("between-run spread: " + "; ".join(f"{k}: {v}" for k, v in DRIFTS.items()) + "; or SD or LO:HI").replace(
             "%", "%%"
         ),
     )
     ap.add_argument("--baseline-runs", type=int, default=4, help="update runs behind each baseline")
-    ap.add_argument(
-        "--ratio-noise", action="store_true", help="proposal: ratio gate uses the ratio's own folded noise"
-    )
+    ap.add_argument("--ratio-noise", action="store_true", help="proposal: ratio gate uses the ratio's own folded noise")
     ap.add_argument("--no-confirm", action="store_true", help="leave out the fresh-process confirmation")
     ap.add_argument("--min-time", type=float, default=0.3, help="MeasureConfig.min_time_s (runner on CUDA: 0.3)")
     ap.add_argument("--margin", type=float, default=Settings().margin, help="default: the plugin's")
@@ -684,7 +703,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--noise-floor", type=float, default=NOISE_FLOOR["cuda"])
     ap.add_argument("--ratio-noise-floor", type=float, default=RATIO_NOISE_FLOOR["cuda"])
     ap.add_argument(
-        "--noise-k", type=float, default=None,
+        "--noise-k",
+        type=float,
+        default=None,
         help="proposal: use K instead of the plugin's NOISE_K (delta = max(margin, K * noise)) in this run only",
     )
     ap.add_argument("--keep-first-launch", action="store_true", help="keep each recorded block's cold first launch")
@@ -705,12 +726,17 @@ def main(argv: list[str] | None = None) -> int:
         stress_fraction=args.stress_fraction,
         seed=args.seed,
         measure=MeasureConfig(
-            target=args.target, budget_s=args.budget, min_blocks=args.min_blocks,
+            target=args.target,
+            budget_s=args.budget,
+            min_blocks=args.min_blocks,
             min_time_s=min(args.min_time, args.budget / 2),
             samples_per_block=args.samples_per_block,
         ),
         policy=Policy(
-            margin=args.margin, alpha=Settings().alpha, family_size=1, noise_floor=args.noise_floor,
+            margin=args.margin,
+            alpha=Settings().alpha,
+            family_size=1,
+            noise_floor=args.noise_floor,
             ratio_noise_floor=args.ratio_noise_floor,
             # a what-if for the report; the plugin itself is unchanged
             noise_k=NOISE_K if args.noise_k is None else args.noise_k,
@@ -728,14 +754,24 @@ def main(argv: list[str] | None = None) -> int:
             "data": DATA.name,
             "date": date.today().isoformat(),
             "config": {
-                "trials": cfg.trials, "seed": cfg.seed, "drift": cfg.drift.kind, "drift_model": cfg.drift.describe(),
+                "trials": cfg.trials,
+                "seed": cfg.seed,
+                "drift": cfg.drift.kind,
+                "drift_model": cfg.drift.describe(),
                 "baseline_runs": cfg.baseline_runs,
                 "ratio_noise": cfg.ratio_noise,
                 "confirm": cfg.confirm,
-                "keep_first_launch": cfg.keep_first_launch, "min_time_s": m.min_time_s,
-                "target": m.target, "budget_s": m.budget_s, "min_blocks": m.min_blocks,
-                "samples_per_block": m.samples_per_block, "margin": p.margin, "alpha": p.alpha,
-                "noise_floor": p.noise_floor, "ratio_noise_floor": p.ratio_noise_floor, "family": FAMILY,
+                "keep_first_launch": cfg.keep_first_launch,
+                "min_time_s": m.min_time_s,
+                "target": m.target,
+                "budget_s": m.budget_s,
+                "min_blocks": m.min_blocks,
+                "samples_per_block": m.samples_per_block,
+                "margin": p.margin,
+                "alpha": p.alpha,
+                "noise_floor": p.noise_floor,
+                "ratio_noise_floor": p.ratio_noise_floor,
+                "family": FAMILY,
                 "noise_k": p.noise_k,
             },
             **result,

@@ -391,9 +391,18 @@ def nvcc_compile_check(arch: str, source: Path, nvcc: str | None = None, timeout
     rows = parse_ptxas(log)
     names = _demangle([r[0] for r in rows])
     kernels = [
-        KernelResources(name=n, mangled=r[0], registers=r[1], spill_stores=r[2], spill_loads=r[3],
-                        smem_bytes=r[4], stack_bytes=r[5])
+        KernelResources(
+            name=n, mangled=r[0], registers=r[1], spill_stores=r[2], spill_loads=r[3], smem_bytes=r[4], stack_bytes=r[5]
+        )
         for n, r in zip(names, rows, strict=True)
     ]
-    return CompileReport(source=source, arch=f"sm_{_arch_digits(arch)}", ok=returncode == 0,
-                         returncode=returncode, command=cmd, log=log, seconds=seconds, kernels=kernels)
+    return CompileReport(
+        source=source,
+        arch=f"sm_{_arch_digits(arch)}",
+        ok=returncode == 0,
+        returncode=returncode,
+        command=cmd,
+        log=log,
+        seconds=seconds,
+        kernels=kernels,
+    )

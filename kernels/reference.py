@@ -25,8 +25,9 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     no row is ever fully masked because query i always sees key 0.
     """
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"expected q, k, v of one shape (B, H, S, D); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q, k, v of one shape (B, H, S, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:

@@ -68,8 +68,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tor
 
 def _enum(name: str) -> SDPBackend:
     if name not in _BACKENDS:
-        raise ValueError(f"unknown SDPA backend {name!r}; allowed: {', '.join(ALLOWED_BACKENDS)} "
-                         "(or None for the default dispatch)")
+        raise ValueError(
+            f"unknown SDPA backend {name!r}; allowed: {', '.join(ALLOWED_BACKENDS)} (or None for the default dispatch)"
+        )
     member: SDPBackend | None = getattr(SDPBackend, _BACKENDS[name], None)
     if member is None:
         raise ValueError(f"SDPA backend {name!r} does not exist in torch {torch.__version__}")
@@ -134,8 +135,9 @@ def make_sdpa(backend: str | None) -> AttentionFn:
     return pinned
 
 
-def backend_unavailable_reason(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               causal: bool) -> str | None:
+def backend_unavailable_reason(
+    backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> str | None:
     """None if the pinned backend runs these inputs; otherwise torch's reason, in one line."""
     try:
         variant = make_sdpa(backend)
@@ -184,9 +186,14 @@ class BackendTimes:
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
-def fastest_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                    time_ms: Callable[[AttentionFn], float] | None = None,
-                    backends: tuple[str, ...] | None = None) -> BackendTimes:
+def fastest_backend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    time_ms: Callable[[AttentionFn], float] | None = None,
+    backends: tuple[str, ...] | None = None,
+) -> BackendTimes:
     """Time every backend that can run these inputs and return the fastest.
 
     ``time_ms`` takes a variant and returns its per-call milliseconds on (q, k, v, causal); the benchmark
@@ -202,8 +209,10 @@ def fastest_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             continue
         variant = make_sdpa(name)
         if time_ms is None:
+
             def call(variant: AttentionFn = variant) -> object:
                 return variant(q, k, v, causal)
+
             result.times_ms[name] = _default_time_ms(call, q.device)
         else:
             result.times_ms[name] = time_ms(variant)

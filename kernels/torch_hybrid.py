@@ -17,8 +17,9 @@ __all__ = ["torch_hybrid"]
 def torch_hybrid(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """matmul (input dtype) -> masked softmax in float32 -> matmul (input dtype)."""
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"expected q, k, v of one shape (B, H, S, D); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q, k, v of one shape (B, H, S, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     scores = torch.matmul(q, k.transpose(-2, -1)).float()
     scores.mul_(1.0 / math.sqrt(q.shape[-1]))
     if causal:

@@ -35,7 +35,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONFIGS", "DEFAULT_CONFIGS", "TMA_FIXED", "TritonConfig", "best_config", "best_path", "triton_flash", "unavailable_reason"]
+__all__ = [
+    "CONFIGS",
+    "DEFAULT_CONFIGS",
+    "TMA_FIXED",
+    "TritonConfig",
+    "best_config",
+    "best_path",
+    "triton_flash",
+    "unavailable_reason",
+]
 
 try:  # triton is optional: the module must import (and say why it cannot run) without it
     import triton
@@ -78,11 +87,19 @@ TMA_FIXED: dict[int, TritonConfig] = {128: (64, 64, 4, 3)}
 # kernel must be the same kernel in every run, so the default is one fixed config per head dim (the one the
 # autotuner chose at the large grid shapes on the H100 and H200; D=128 with 2 stages so it fits the L4's
 # 99 KB of shared memory); TRITON_FLASH_AUTOTUNE=1 brings autotuning back.
-DEFAULT_CONFIGS: dict[int, TritonConfig] = {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
-                                            128: (64, 64, 4, 2)}
+DEFAULT_CONFIGS: dict[int, TritonConfig] = {
+    16: (64, 64, 4, 3),
+    32: (64, 64, 4, 3),
+    64: (64, 64, 4, 3),
+    128: (64, 64, 4, 2),
+}
 # float32 inputs (exact products, twice the shared memory): one modest config per head dim, no autotuning.
-_FP32_CONFIGS: dict[int, TritonConfig] = {16: (64, 32, 4, 2), 32: (64, 32, 4, 2), 64: (64, 32, 4, 2),
-                                          128: (32, 32, 4, 2)}
+_FP32_CONFIGS: dict[int, TritonConfig] = {
+    16: (64, 32, 4, 2),
+    32: (64, 32, 4, 2),
+    64: (64, 32, 4, 2),
+    128: (32, 32, 4, 2),
+}
 # The interpreter runs one program at a time in numpy: small tiles keep it quick and make even S=113 cross
 # several tile boundaries and a multi-tile diagonal.
 _INTERPRET_CONFIG: TritonConfig = (32, 16, 4, 1)
@@ -95,10 +112,32 @@ def _interpreting() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _fold_tile(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0, start_n,
-                   stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, N_CTX, qk_scale,
-                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                   FP32_DOT: tl.constexpr, USE_TMA: tl.constexpr, LAZY: tl.constexpr):
+    def _fold_tile(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        desc_k,
+        desc_v,
+        kv_row0,
+        start_n,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        N_CTX,
+        qk_scale,
+        BLOCK_N: tl.constexpr,
+        MASKED: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        FP32_DOT: tl.constexpr,
+        USE_TMA: tl.constexpr,
+        LAZY: tl.constexpr,
+    ):
         """Fold one key tile into the running (acc, l_i, m_i); masks only when MASKED."""
         cols = start_n + tl.arange(0, BLOCK_N)
         if USE_TMA:
@@ -106,8 +145,9 @@ if triton is not None:
             # scores the mask below removes, and whose p is exactly 0 for the PV product.
             kt = desc_k.load([kv_row0 + start_n, 0]).T
         elif MASKED:
-            kt = tl.load(k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                         mask=cols[None, :] < N_CTX, other=0.0)
+            kt = tl.load(
+                k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=cols[None, :] < N_CTX, other=0.0
+            )
         else:
             kt = tl.load(k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd)
         if FP32_DOT:
@@ -148,8 +188,9 @@ if triton is not None:
         if USE_TMA:
             v = desc_v.load([kv_row0 + start_n, 0])
         elif MASKED:
-            v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                        mask=cols[:, None] < N_CTX, other=0.0)
+            v = tl.load(
+                v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=cols[:, None] < N_CTX, other=0.0
+            )
         else:
             v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd)
         if FP32_DOT:
@@ -160,30 +201,103 @@ if triton is not None:
         return acc, l_i, m_i
 
     @triton.jit
-    def _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
-                    stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, lo, hi, N_CTX, qk_scale,
-                    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                    FP32_DOT: tl.constexpr, USE_TMA: tl.constexpr, LAZY: tl.constexpr):
+    def _attn_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        desc_k,
+        desc_v,
+        kv_row0,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        lo,
+        hi,
+        N_CTX,
+        qk_scale,
+        BLOCK_N: tl.constexpr,
+        MASKED: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        FP32_DOT: tl.constexpr,
+        USE_TMA: tl.constexpr,
+        LAZY: tl.constexpr,
+    ):
         """Fold key tiles [lo, hi) into the running (acc, l_i, m_i)."""
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
-            acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0, start_n,
-                                       stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, N_CTX,
-                                       qk_scale, BLOCK_N, MASKED, CAUSAL, FP32_DOT, USE_TMA, LAZY)
+            acc, l_i, m_i = _fold_tile(
+                acc,
+                l_i,
+                m_i,
+                q,
+                k_base,
+                v_base,
+                desc_k,
+                desc_v,
+                kv_row0,
+                start_n,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                offs_m,
+                offs_d,
+                N_CTX,
+                qk_scale,
+                BLOCK_N,
+                MASKED,
+                CAUSAL,
+                FP32_DOT,
+                USE_TMA,
+                LAZY,
+            )
         return acc, l_i, m_i
 
     # N_CTX, Z and H are not specialised on (divisibility by 16, == 1): that would multiply the compiled
     # variants per config by three for no measurable gain, since they only bound loops and masks.
     @triton.jit(do_not_specialize=["N_CTX", "Z", "H"])
-    def _attn_fwd(Q, K, V, Out, desc_q, desc_k, desc_v, qk_scale,
-                  stride_qz, stride_qh, stride_qm, stride_qd,
-                  stride_kz, stride_kh, stride_kn, stride_kd,
-                  stride_vz, stride_vh, stride_vn, stride_vd,
-                  stride_oz, stride_oh, stride_om, stride_od,
-                  Z, H, N_CTX,
-                  HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, FP32_DOT: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  USE_TMA: tl.constexpr, LAZY: tl.constexpr):
+    def _attn_fwd(
+        Q,
+        K,
+        V,
+        Out,
+        desc_q,
+        desc_k,
+        desc_v,
+        qk_scale,
+        stride_qz,
+        stride_qh,
+        stride_qm,
+        stride_qd,
+        stride_kz,
+        stride_kh,
+        stride_kn,
+        stride_kd,
+        stride_vz,
+        stride_vh,
+        stride_vn,
+        stride_vd,
+        stride_oz,
+        stride_oh,
+        stride_om,
+        stride_od,
+        Z,
+        H,
+        N_CTX,
+        HEAD_DIM: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        FP32_DOT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        USE_TMA: tl.constexpr,
+        LAZY: tl.constexpr,
+    ):
         """One program: BLOCK_M query rows of one (batch, head).
 
         USE_TMA: q/k/v come through 2-D tensor descriptors over the contiguous (B*H*S, D) view (Hopper's
@@ -207,8 +321,7 @@ if triton is not None:
             q = desc_q.load([kv_row0 + start_m * BLOCK_M, 0])
         else:
             q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-            q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_ok,
-                        other=0.0)
+            q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_ok, other=0.0)
 
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -217,27 +330,119 @@ if triton is not None:
         if CAUSAL:
             # Stage 1: key tiles strictly before this row block, all visible to every row, all < N_CTX.
             lo_diag = start_m * BLOCK_M
-            acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
-                                        stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
-                                        0, lo_diag, N_CTX, qk_scale,
-                                        BLOCK_N, False, CAUSAL, FP32_DOT, USE_TMA, LAZY)
+            acc, l_i, m_i = _attn_tiles(
+                acc,
+                l_i,
+                m_i,
+                q,
+                k_base,
+                v_base,
+                desc_k,
+                desc_v,
+                kv_row0,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                offs_m,
+                offs_d,
+                0,
+                lo_diag,
+                N_CTX,
+                qk_scale,
+                BLOCK_N,
+                False,
+                CAUSAL,
+                FP32_DOT,
+                USE_TMA,
+                LAZY,
+            )
             # Stage 2: the diagonal block, masked; tiles past N_CTX are skipped altogether.
             hi_diag = tl.minimum(lo_diag + BLOCK_M, N_CTX)
-            acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
-                                        stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
-                                        lo_diag, hi_diag, N_CTX, qk_scale,
-                                        BLOCK_N, True, CAUSAL, FP32_DOT, USE_TMA, LAZY)
+            acc, l_i, m_i = _attn_tiles(
+                acc,
+                l_i,
+                m_i,
+                q,
+                k_base,
+                v_base,
+                desc_k,
+                desc_v,
+                kv_row0,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                offs_m,
+                offs_d,
+                lo_diag,
+                hi_diag,
+                N_CTX,
+                qk_scale,
+                BLOCK_N,
+                True,
+                CAUSAL,
+                FP32_DOT,
+                USE_TMA,
+                LAZY,
+            )
         else:
             # Stage 1: every full key tile, unmasked; stage 2: the partial last tile, if any.
             full = (N_CTX // BLOCK_N) * BLOCK_N
-            acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
-                                        stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
-                                        0, full, N_CTX, qk_scale,
-                                        BLOCK_N, False, CAUSAL, FP32_DOT, USE_TMA, LAZY)
-            acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kv_row0,
-                                        stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
-                                        full, N_CTX, N_CTX, qk_scale,
-                                        BLOCK_N, True, CAUSAL, FP32_DOT, USE_TMA, LAZY)
+            acc, l_i, m_i = _attn_tiles(
+                acc,
+                l_i,
+                m_i,
+                q,
+                k_base,
+                v_base,
+                desc_k,
+                desc_v,
+                kv_row0,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                offs_m,
+                offs_d,
+                0,
+                full,
+                N_CTX,
+                qk_scale,
+                BLOCK_N,
+                False,
+                CAUSAL,
+                FP32_DOT,
+                USE_TMA,
+                LAZY,
+            )
+            acc, l_i, m_i = _attn_tiles(
+                acc,
+                l_i,
+                m_i,
+                q,
+                k_base,
+                v_base,
+                desc_k,
+                desc_v,
+                kv_row0,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                offs_m,
+                offs_d,
+                full,
+                N_CTX,
+                N_CTX,
+                qk_scale,
+                BLOCK_N,
+                True,
+                CAUSAL,
+                FP32_DOT,
+                USE_TMA,
+                LAZY,
+            )
 
         acc = acc / l_i[:, None]
         o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
@@ -247,8 +452,9 @@ if triton is not None:
         """Keep the configs made for this head dim, and no row block far larger than S."""
         d = int(kwargs["HEAD_DIM"] if "HEAD_DIM" in kwargs else named_args["HEAD_DIM"])
         s = int(named_args["N_CTX"])
-        mine = [c for c in configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in CONFIGS[d]]
+        mine = [
+            c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in CONFIGS[d]
+        ]
         fitting = [c for c in mine if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(s))]
         return fitting or mine
 
@@ -287,8 +493,9 @@ def unavailable_reason() -> str | None:
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"expected q, k, v of one shape (B, H, S, D); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q, k, v of one shape (B, H, S, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
         raise ValueError(f"expected one dtype among {_DTYPES}; got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[-1] not in _HEAD_DIMS:
@@ -315,12 +522,21 @@ def _use_tma_fixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> list[Any]:
     rows, dim = q.shape[0] * q.shape[1] * q.shape[2], q.shape[3]
-    return [TensorDescriptor(t.view(rows, dim), shape=[rows, dim], strides=[dim, 1], block_shape=[bs, dim])
-            for t, bs in ((q, block_m), (k, block_n), (v, block_n))]
+    return [
+        TensorDescriptor(t.view(rows, dim), shape=[rows, dim], strides=[dim, 1], block_shape=[bs, dim])
+        for t, bs in ((q, block_m), (k, block_n), (v, block_n))
+    ]
 
 
-def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 config: TritonConfig | None = None, tma: bool = False, lazy: bool = False) -> torch.Tensor:
+def triton_flash(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    config: TritonConfig | None = None,
+    tma: bool = False,
+    lazy: bool = False,
+) -> torch.Tensor:
     """Fused attention forward.
 
     Without ``config``: the TMA_FIXED tile for its head dims on Hopper+, else DEFAULT_CONFIGS (autotuned
@@ -354,19 +570,57 @@ def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         if block_m % block_n:
             raise ValueError(f"BLOCK_M ({block_m}) must be a multiple of BLOCK_N ({block_n})")
         if tma and not _tma_possible(q, k, v):
-            raise ValueError("tma=True needs triton's TensorDescriptor and contiguous 16-byte-aligned fp16/bf16 "
-                             "inputs (and Hopper or newer on a GPU)")
+            raise ValueError(
+                "tma=True needs triton's TensorDescriptor and contiguous 16-byte-aligned fp16/bf16 "
+                "inputs (and Hopper or newer on a GPU)"
+            )
         descs = _descriptors(q, k, v, block_m, block_n) if tma else [None, None, None]
         fixed_grid = (triton.cdiv(seq, block_m), batch * heads)
-        _attn_fwd[fixed_grid](q, k, v, out, *descs, qk_scale, *strides, batch, heads, seq,
-                        HEAD_DIM=dim, CAUSAL=causal, FP32_DOT=fp32_dot, BLOCK_M=block_m, BLOCK_N=block_n,
-                        USE_TMA=tma, LAZY=lazy, num_warps=warps, num_stages=stages)
+        _attn_fwd[fixed_grid](
+            q,
+            k,
+            v,
+            out,
+            *descs,
+            qk_scale,
+            *strides,
+            batch,
+            heads,
+            seq,
+            HEAD_DIM=dim,
+            CAUSAL=causal,
+            FP32_DOT=fp32_dot,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            USE_TMA=tma,
+            LAZY=lazy,
+            num_warps=warps,
+            num_stages=stages,
+        )
     else:
+
         def grid(meta: dict[str, Any]) -> tuple[int, int]:
             return (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)
 
-        _attn_fwd_tuned[grid](q, k, v, out, None, None, None, qk_scale, *strides, batch, heads, seq,
-                              HEAD_DIM=dim, CAUSAL=causal, FP32_DOT=fp32_dot, USE_TMA=False, LAZY=False)
+        _attn_fwd_tuned[grid](
+            q,
+            k,
+            v,
+            out,
+            None,
+            None,
+            None,
+            qk_scale,
+            *strides,
+            batch,
+            heads,
+            seq,
+            HEAD_DIM=dim,
+            CAUSAL=causal,
+            FP32_DOT=fp32_dot,
+            USE_TMA=False,
+            LAZY=False,
+        )
     return out
 
 
@@ -386,7 +640,7 @@ def best_config(q: torch.Tensor, causal: bool) -> TritonConfig | None:
 
 
 def best_path(q: torch.Tensor, causal: bool) -> str | None:
-    """"tma" (fixed tile) or "pointer" (autotuned): the load path a default call uses for inputs like ``q``."""
+    """ "tma" (fixed tile) or "pointer" (autotuned): the load path a default call uses for inputs like ``q``."""
     if triton is None:
         return None
     return "tma" if q.is_cuda and _use_tma_fixed(q, q, q) else "pointer"

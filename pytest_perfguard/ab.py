@@ -193,7 +193,9 @@ def open_base(config: pytest.Config, rev: str) -> BaseTree:
     head = _optional(top, "rev-parse", "HEAD")
     dirty = bool(_optional(top, "status", "--porcelain", "--untracked-files=no"))
     tree_root = materialise(top, sha)
-    return BaseTree(rev=rev, sha=sha, head_sha=head, dirty=dirty, top=top, root=tree_root, alias=f"_perfguard_base_{sha[:12]}")
+    return BaseTree(
+        rev=rev, sha=sha, head_sha=head, dirty=dirty, top=top, root=tree_root, alias=f"_perfguard_base_{sha[:12]}"
+    )
 
 
 def _optional(top: Path, *args: str) -> str | None:

@@ -125,9 +125,7 @@ class BaselineEntry:
         try:
             return cls._parse(case_id, obj)
         except Invalid as exc:
-            raise BaselineError(
-                f"{path}: case {case_id!r}: {exc}; fix the entry or {restore_hint(path)}"
-            ) from None
+            raise BaselineError(f"{path}: case {case_id!r}: {exc}; fix the entry or {restore_hint(path)}") from None
 
     @classmethod
     def _parse(cls, case_id: str, obj: Any) -> BaselineEntry:
@@ -210,9 +208,7 @@ def check_device(device: Any) -> dict[str, Any]:
         if not isinstance(device[key], str):
             raise Invalid(f"'device.{key}' must be a string, got {json.dumps(device[key])[:60]}")
     if not SLUG.fullmatch(device["slug"]):
-        raise Invalid(
-            f"'device.slug' {device['slug']!r} is not a slug (lowercase letters, digits and dashes)"
-        )
+        raise Invalid(f"'device.slug' {device['slug']!r} is not a slug (lowercase letters, digits and dashes)")
     return device
 
 
@@ -350,9 +346,7 @@ def write_baseline(bf: BaselineFile) -> None:
     try:
         text = dumps(obj)
     except (ValueError, TypeError) as exc:
-        raise BaselineError(
-            f"{bf.path}: refusing to write a value JSON cannot hold exactly ({exc})"
-        ) from None
+        raise BaselineError(f"{bf.path}: refusing to write a value JSON cannot hold exactly ({exc})") from None
     parse_baseline(bf.path, json.loads(text))  # never write what we would refuse to read
     write_text_atomic(bf.path, text, BaselineError)
     bf.exists = True

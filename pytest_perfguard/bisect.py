@@ -136,9 +136,7 @@ def decide(sha: str, records: Sequence[CaseRecord]) -> StepResult:
     bad = [c for c in cases if c.code == BAD]
     chosen = bad or [c for c in cases if c.code == SKIP] or cases
     code = BAD if bad else (SKIP if any(c.code == SKIP for c in cases) else GOOD)
-    reason = "; ".join(
-        f"{c.id} {c.status} {c.change}" if c.code != SKIP else f"{c.id} {c.reason}" for c in chosen
-    )
+    reason = "; ".join(f"{c.id} {c.status} {c.change}" if c.code != SKIP else f"{c.id} {c.reason}" for c in chosen)
     return StepResult(sha, code, reason, cases)
 
 
@@ -192,16 +190,13 @@ def run_step(work: Path, cwd: Path, good_sha: str, case: str, pytest_args: Seque
 
 def _interpret(sha: str, ret: int, results: Path, log: Path, case: str) -> StepResult:
     if ret == 5:
-        return StepResult(
-            sha, SKIP, f"no test matches -k {case!r} at this revision (the case does not exist here)"
-        )
+        return StepResult(sha, SKIP, f"no test matches -k {case!r} at this revision (the case does not exist here)")
     if ret not in (0, 1) or not results.is_file():
         why = _log_tail(log) or "no output"
         return StepResult(
             sha,
             SKIP,
-            f"pytest could not run the case here (exit {ret}: build, import or "
-            f"collection failure?): {why}; log: {log}",
+            f"pytest could not run the case here (exit {ret}: build, import or collection failure?): {why}; log: {log}",
         )
     try:
         records = read_results(results).results
@@ -275,9 +270,7 @@ def check_range(top: Path, good: str, bad: str) -> tuple[str, str]:
     if ancestor.returncode != 0:
         raise BisectError(f"git merge-base --is-ancestor failed: {ancestor.stderr.strip()}")
     if Path(top, git(top, "rev-parse", "--git-path", "BISECT_START")).exists():
-        raise BisectError(
-            "a git bisect is already under way here; finish it with git bisect reset, then run again"
-        )
+        raise BisectError("a git bisect is already under way here; finish it with git bisect reset, then run again")
     dirty = git(top, "diff", "--name-only", "HEAD")
     if dirty:
         files = dirty.splitlines()
@@ -410,9 +403,7 @@ def bisect(good: str, bad: str, case: str, pytest_args: Sequence[str], cwd: Path
         _report(top, work, good_name, first_bad)
         return 0
     finally:
-        reset = subprocess.run(
-            ["git", "bisect", "reset"], cwd=top, capture_output=True, text=True, check=False
-        )
+        reset = subprocess.run(["git", "bisect", "reset"], cwd=top, capture_output=True, text=True, check=False)
         if reset.returncode != 0:
             print(
                 f"perfguard bisect: git bisect reset failed ({reset.stderr.strip()}); run git bisect reset",
@@ -452,13 +443,7 @@ def add_bisect_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "GOOD BAD -k CASE go to pytest, e.g. tests/perf --perfguard-case-budget 10.",
     )
     parser.add_argument("good", metavar="GOOD", help="a revision where the case was fast")
-    parser.add_argument(
-        "bad", metavar="BAD", help="a later revision where it is slow (GOOD must be its ancestor)"
-    )
-    parser.add_argument(
-        "-k", required=True, metavar="CASE", help="pytest -k expression selecting the case(s)"
-    )
-    parser.add_argument(
-        "--work-dir", metavar="DIR", help="where step logs and results go (default: a new temp folder)"
-    )
+    parser.add_argument("bad", metavar="BAD", help="a later revision where it is slow (GOOD must be its ancestor)")
+    parser.add_argument("-k", required=True, metavar="CASE", help="pytest -k expression selecting the case(s)")
+    parser.add_argument("--work-dir", metavar="DIR", help="where step logs and results go (default: a new temp folder)")
     parser.set_defaults(func=cmd_bisect, pytest_args=[], passes_unknown_args=True)

@@ -36,9 +36,7 @@ from .settings import DEFAULT_MARGIN
 def device_line(device: dict[str, Any]) -> str:
     """One line naming the device model and the versions the numbers belong to."""
     rest = ", ".join(
-        f"{key} {device[key]}"
-        for key in sorted(device)
-        if key not in ("name", "slug") and device[key] is not None
+        f"{key} {device[key]}" for key in sorted(device) if key not in ("name", "slug") and device[key] is not None
     )
     name = device.get("name", "?")
     return f"device: {name}" + (f" ({rest})" if rest else "")
@@ -65,9 +63,7 @@ def _show_one(bf: BaselineFile) -> None:
     print(f"{bf.path}")
     print(device_line(bf.device))
     if bf.migrated_from is not None:
-        print(
-            f"note: schema {bf.migrated_from} file, migrated in memory; rewrite with `perfguard migrate {bf.path}`"
-        )
+        print(f"note: schema {bf.migrated_from} file, migrated in memory; rewrite with `perfguard migrate {bf.path}`")
     rows = [
         [
             case_id,
@@ -171,9 +167,7 @@ def _mde_text(a: CaseRecord, b: CaseRecord) -> str:
     return "-" if mde is None else f"{mde * 100:+.1f}%"
 
 
-def _compare_rows(
-    a: ResultsFile, b: ResultsFile, margin: float
-) -> tuple[list[list[str]], int, list[str], list[str]]:
+def _compare_rows(a: ResultsFile, b: ResultsFile, margin: float) -> tuple[list[list[str]], int, list[str], list[str]]:
     a_by, b_by = a.by_id(), b.by_id()
     rows: list[list[str]] = []
     slower = 0
@@ -182,11 +176,7 @@ def _compare_rows(
         ra, rb = a_by[case_id], b_by[case_id]
         result = change_ci(ra, rb)
         if result is None:
-            untimed = [
-                f"{side} {r.verdict or r.outcome}"
-                for side, r in (("A", ra), ("B", rb))
-                if r.median_ns is None
-            ]
+            untimed = [f"{side} {r.verdict or r.outcome}" for side, r in (("A", ra), ("B", rb)) if r.median_ns is None]
             change_text, flag = "-", "not timed (" + ", ".join(untimed) + ")"
         else:
             change, ci = result
@@ -234,7 +224,9 @@ def firmer_answer(rows: list[list[str]], margin: float, a_sha: Any) -> list[str]
             out.append(f"    ... and {len(unclear) - 10} more")
     if "slower" in by and isinstance(a_sha, str) and a_sha:
         out.append("  to confirm a slowdown in one process, against A's revision (paired, no between-run noise):")
-        out.extend(f"    pytest {shlex.quote(case)} --perfguard --perfguard-against {a_sha[:12]}" for case in by["slower"][:10])
+        out.extend(
+            f"    pytest {shlex.quote(case)} --perfguard --perfguard-against {a_sha[:12]}" for case in by["slower"][:10]
+        )
     return out if len(out) > 1 else []
 
 
@@ -386,15 +378,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, separate so tests and docs can inspect it."""
-    parser = argparse.ArgumentParser(
-        prog="perfguard", description="Inspect and maintain perfguard baselines."
-    )
+    parser = argparse.ArgumentParser(prog="perfguard", description="Inspect and maintain perfguard baselines.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     show = sub.add_parser("show", help="print a baseline file, or every *.json in a folder")
-    show.add_argument(
-        "path", nargs="?", default=str(DEFAULT_FOLDER), help=f"file or folder (default {DEFAULT_FOLDER})"
-    )
+    show.add_argument("path", nargs="?", default=str(DEFAULT_FOLDER), help=f"file or folder (default {DEFAULT_FOLDER})")
     show.set_defaults(func=cmd_show)
 
     compare = sub.add_parser("compare", help="compare two results files (--perfguard-json) case by case")
@@ -406,9 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MARGIN,
         help=f"relative change that counts (default {DEFAULT_MARGIN:g}, the plugin's --perfguard-margin)",
     )
-    compare.add_argument(
-        "--fail-on-regression", action="store_true", help="exit 1 when any case is slower in B"
-    )
+    compare.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any case is slower in B")
     compare.set_defaults(func=cmd_compare)
 
     migrate = sub.add_parser("migrate", help="rewrite old-schema baseline files in the current schema")

@@ -159,7 +159,9 @@ def confirm_regression(run: CaseRun, verdict: Verdict) -> Confirmation:
 
     fresh = _fresh(run)
     if fresh is None:
-        return noted(Status.REGRESSED, None, f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
+        return noted(
+            Status.REGRESSED, None, f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run"
+        )
     child, info = fresh
     if isinstance(child, str):
         return noted(Status.REGRESSED, info, f"confirmation failed, the regression stands: {child}")

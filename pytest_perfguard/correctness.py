@@ -37,9 +37,7 @@ class Tolerance:
     native_factor: float | None = FA_FACTOR  # None disables the native-precision (FlashAttention) bound
 
 
-def resolve_tolerance(
-    dtype: torch.dtype, overrides: Sequence[Mapping[Any, Mapping[str, float]] | None]
-) -> Tolerance:
+def resolve_tolerance(dtype: torch.dtype, overrides: Sequence[Mapping[Any, Mapping[str, float]] | None]) -> Tolerance:
     """Case-level then variant-level overrides on top of the defaults; later entries win."""
     atol, rtol = DEFAULT_TOLERANCE.get(dtype, (1e-5, 1e-5))
     factor: float | None = FA_FACTOR if dtype in (torch.float16, torch.bfloat16) else None
@@ -89,7 +87,9 @@ class CorrectnessReport:
             "max_abs": _finite_or_none(self.max_abs),
             "rel_fro": _finite_or_none(self.rel_fro),
             "worst_index": list(worst.worst_index) if worst else None,
-            "native_max_abs": _finite_or_none(worst.native_max_abs) if worst and worst.native_max_abs is not None else None,
+            "native_max_abs": _finite_or_none(worst.native_max_abs)
+            if worst and worst.native_max_abs is not None
+            else None,
             "message": self.message,
         }
 
@@ -209,7 +209,9 @@ def judge_output(
     in_dtype = floats[0].dtype if floats else tensors[0][1].dtype
     device = tensors[0][1].device
     if type(out) is not torch.Tensor:
-        raise CorrectnessFailure(f"the variant returned {type(out).__name__}, expected a plain torch.Tensor (seed {seed})")
+        raise CorrectnessFailure(
+            f"the variant returned {type(out).__name__}, expected a plain torch.Tensor (seed {seed})"
+        )
 
     ref = reference(*upcast[0], **upcast[1])
     if not isinstance(ref, torch.Tensor):

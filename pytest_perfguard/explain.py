@@ -259,9 +259,7 @@ def diff_table(head: Sequence[Kernel], base: Sequence[Kernel], metrics: Sequence
             hs = getattr(h, attr) if h is not None else ""
             bs = getattr(b, attr) if b is not None else ""
             if hs or bs:
-                rows.append(
-                    [label, hs or "-", bs or "-", "same" if hs == bs else "changed" if hs and bs else "-"]
-                )
+                rows.append([label, hs or "-", bs or "-", "same" if hs == bs else "changed" if hs and bs else "-"])
         table = tabulate(rows, headers=["metric", "head", "base", "change"], disable_numparse=True)
         blocks.append(f"kernel {number} of {len(pairs)}: {title}\n{table}")
     duration = METRICS[0]
@@ -282,9 +280,7 @@ def find_ncu() -> str | None:
     return shutil.which("ncu")
 
 
-def _ncu_run(
-    ncu: str, command: Sequence[str], cwd: Path, env: dict[str, str]
-) -> subprocess.CompletedProcess[str]:
+def _ncu_run(ncu: str, command: Sequence[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([ncu, *command], cwd=cwd, env=env, capture_output=True, text=True, check=False)
 
 
@@ -325,9 +321,7 @@ def profile(
         errors = [line for line in output.splitlines() if line.startswith("==ERROR==")]
         unknown = [m for m in metrics if any(m in line for line in errors)]
         if unknown and len(unknown) < len(metrics):
-            print(
-                f"perfguard explain: {side}: ncu does not know {', '.join(unknown)} here; profiling without"
-            )
+            print(f"perfguard explain: {side}: ncu does not know {', '.join(unknown)} here; profiling without")
             metrics = [m for m in metrics if m not in unknown]
             continue
         break
@@ -335,8 +329,7 @@ def profile(
     if proc.returncode != 0 or not rep.is_file():
         tail = " | ".join(line for line in output.splitlines()[-4:] if line.strip())
         raise ExplainError(
-            f"{side}: ncu or pytest failed (exit {proc.returncode}): {tail}; full log in "
-            f"{work / (side + '.log')}"
+            f"{side}: ncu or pytest failed (exit {proc.returncode}): {tail}; full log in {work / (side + '.log')}"
         )
     text = _ncu_run(ncu, ["--import", str(rep), "--csv", "--page", "raw"], cwd, dict(os.environ)).stdout
     kernels = parse_ncu_csv(text)
@@ -352,9 +345,7 @@ def _base_tree(top: Path, rev: str) -> tuple[str, Path]:
     try:
         sha = git(top, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except GitError:
-        raise ExplainError(
-            f"--against {rev}: unknown git revision (git rev-parse {rev} finds none)"
-        ) from None
+        raise ExplainError(f"--against {rev}: unknown git revision (git rev-parse {rev} finds none)") from None
     import pytest
 
     from .ab import materialise
@@ -420,9 +411,7 @@ def add_explain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="profile one case with Nsight Compute at head and at REV and diff what explains kernel time",
         description="Arguments after -k CASE go to pytest (e.g. tests/perf).",
     )
-    parser.add_argument(
-        "-k", required=True, metavar="CASE", help="pytest -k expression selecting exactly one case"
-    )
+    parser.add_argument("-k", required=True, metavar="CASE", help="pytest -k expression selecting exactly one case")
     parser.add_argument(
         "--against",
         metavar="REV",

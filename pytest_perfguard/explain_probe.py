@@ -21,9 +21,7 @@ SEED = 0
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> None:
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     perf = [item for item in items if item.get_closest_marker(MARK_NAME) is not None]
     if len(perf) != 1:
         shown = ", ".join(item.nodeid for item in perf[:8]) + (" ..." if len(perf) > 8 else "")

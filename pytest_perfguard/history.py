@@ -21,7 +21,8 @@ Layout (schema 1), integer keys throughout so that a row repeats no string::
 
 Every figure is an integer, because SQLite stores a small integer in 1-4 bytes and a REAL always in 8: the
 time in picoseconds, relative figures in parts per million (bounds as ln(bound / estimate), the ratio as
-ln(ratio), noise and MDE as fractions). A ppm and a picosecond are far below what any timing resolves. Sizes measured with ``benchmarks/history_size.py`` (see
+ln(ratio), noise and MDE as fractions). A ppm and a picosecond are far below what any timing resolves. Sizes measured
+with ``benchmarks/history_size.py`` (see
 ``benchmarks/results/cpu_2026-11-23/history.md``).
 """
 
@@ -392,15 +393,11 @@ def _restore_hint(path: Path) -> str:
 def _check_schema(db: sqlite3.Connection, path: Path) -> None:
     tables = {str(row[0]) for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if "meta" not in tables:
-        raise HistoryError(
-            f"{path}: an SQLite file but not a perfguard history (no meta table); {_restore_hint(path)}"
-        )
+        raise HistoryError(f"{path}: an SQLite file but not a perfguard history (no meta table); {_restore_hint(path)}")
     row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     version = row[0] if row else None
     if not isinstance(version, str) or not version.isdigit():
-        raise HistoryError(
-            f"{path}: history without a valid schema_version ({version!r}); {_restore_hint(path)}"
-        )
+        raise HistoryError(f"{path}: history without a valid schema_version ({version!r}); {_restore_hint(path)}")
     if int(version) > SCHEMA_VERSION:
         raise HistoryError(
             f"{path}: written by a newer pytest-perfguard (history schema {version} > {SCHEMA_VERSION}); "
@@ -443,16 +440,12 @@ def open_history(path: Path, *, create: bool = False) -> Iterator[History]:
         raise HistoryError(f"{path}: is a folder, not a history file; pass --history FILE")
     fresh = not path.exists() or path.stat().st_size == 0
     if fresh and not create:
-        raise HistoryError(
-            f"{path}: no history yet; add a run with `perfguard history add RESULTS --history {path}`"
-        )
+        raise HistoryError(f"{path}: no history yet; add a run with `perfguard history add RESULTS --history {path}`")
     if fresh:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise HistoryError(
-                f"{path}: cannot create folder {path.parent} ({exc.strerror or exc})"
-            ) from None
+            raise HistoryError(f"{path}: cannot create folder {path.parent} ({exc.strerror or exc})") from None
     mode = "rwc" if fresh else ("rw" if create else "ro")
     try:
         db = sqlite3.connect(
@@ -542,11 +535,7 @@ def _env_note(points: Sequence[Point], index: int, reach: int = 2) -> str:
     for offset in sorted(range(-reach, reach + 1), key=abs):
         j = index + offset
         if 1 <= j < len(points) and points[j].env_id != points[j - 1].env_id:
-            where = (
-                "at the change"
-                if offset == 0
-                else f"{abs(offset)} run(s) {'after' if offset > 0 else 'before'} it"
-            )
+            where = "at the change" if offset == 0 else f"{abs(offset)} run(s) {'after' if offset > 0 else 'before'} it"
             return f"{where}: {env_difference(points[j - 1].summary.env, points[j].summary.env)}"
     return ""
 
@@ -566,9 +555,7 @@ def change_indices(values: Sequence[float], max_pvalue: float, min_change: float
     if len(values) < 4:
         return []
     # A list, not an ndarray: Otava 0.8's detector slices its window only out of a non-array series.
-    points, _weak = compute_change_points(
-        [float(v) for v in values], max_pvalue=max_pvalue, min_magnitude=min_change
-    )
+    points, _weak = compute_change_points([float(v) for v in values], max_pvalue=max_pvalue, min_magnitude=min_change)
     return [(int(cp.index), float(cp.stats.pvalue)) for cp in points if 0 < cp.index < len(values)]
 
 

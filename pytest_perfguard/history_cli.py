@@ -59,9 +59,7 @@ def _cases(history: History, pattern: str | None) -> list[str]:
     names = history.case_names(pattern)
     if not names:
         what = f"no case matching {pattern!r}" if pattern else "no case"
-        raise HistoryError(
-            f"{history.path}: {what} in {history.run_count()} runs; see `perfguard history show`"
-        )
+        raise HistoryError(f"{history.path}: {what} in {history.run_count()} runs; see `perfguard history show`")
     return names
 
 
@@ -131,12 +129,8 @@ def plot(series: dict[str, list[Point]], out: Path) -> None:
     fig, axes = plt.subplots(len(series), 1, figsize=(10, 2.6 * len(series)), squeeze=False)
     for ax, (name, points) in zip(axes[:, 0], series.items(), strict=True):
         est = [p.summary.estimate_ns / 1e3 for p in points]
-        lo = [
-            e - (p.summary.ci_ns[0] / 1e3 if p.summary.ci_ns else e) for e, p in zip(est, points, strict=True)
-        ]
-        hi = [
-            (p.summary.ci_ns[1] / 1e3 if p.summary.ci_ns else e) - e for e, p in zip(est, points, strict=True)
-        ]
+        lo = [e - (p.summary.ci_ns[0] / 1e3 if p.summary.ci_ns else e) for e, p in zip(est, points, strict=True)]
+        hi = [(p.summary.ci_ns[1] / 1e3 if p.summary.ci_ns else e) - e for e, p in zip(est, points, strict=True)]
         ax.errorbar(range(len(points)), est, yerr=[lo, hi], fmt="o-", markersize=3, linewidth=0.8, capsize=2)
         ax.set_title(name, fontsize=8, loc="left")
         ax.set_ylabel("time [µs]")
@@ -174,9 +168,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
         series = {name: history.series(name) for name in names}
     rows: list[list[str]] = []
     for name in names:
-        changes = find_changes(
-            series[name], metric=args.metric, max_pvalue=args.max_pvalue, min_change=args.min_change
-        )
+        changes = find_changes(series[name], metric=args.metric, max_pvalue=args.max_pvalue, min_change=args.min_change)
         rows.extend(_change_row(c) for c in changes)
     if rows:
         headers = [
@@ -205,9 +197,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_history_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``history`` subcommand and its own subcommands."""
-    parser = sub.add_parser(
-        "history", help="keep per-commit results in a history file and find change points"
-    )
+    parser = sub.add_parser("history", help="keep per-commit results in a history file and find change points")
     parser.set_defaults(func=run)
     commands = parser.add_subparsers(dest="history_command", required=True, metavar="SUBCOMMAND")
 
@@ -223,17 +213,13 @@ def add_history_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     add.add_argument("results", metavar="RESULTS.json")
     common(add)
     add.add_argument("--sha", help="commit measured (default: git rev-parse HEAD)")
-    add.add_argument(
-        "--commit-time", metavar="ISO", help="its commit time (default: from git; no zone = UTC)"
-    )
+    add.add_argument("--commit-time", metavar="ISO", help="its commit time (default: from git; no zone = UTC)")
     add.set_defaults(history_func=cmd_add)
 
     show = commands.add_parser("show", help="print each case's runs")
     common(show)
     show.add_argument("-k", metavar="CASE", help="only cases whose id contains CASE")
-    show.add_argument(
-        "--last", type=int, default=20, metavar="N", help="runs per case to print (0: all; default 20)"
-    )
+    show.add_argument("--last", type=int, default=20, metavar="N", help="runs per case to print (0: all; default 20)")
     show.add_argument("--plot", metavar="FILE", help="also draw the selected cases to FILE (.png or .svg)")
     show.set_defaults(history_func=cmd_show)
 

@@ -77,9 +77,7 @@ def _plotly_assets() -> tuple[str, str]:
         import plotly.io as pio
         from plotly.offline import get_plotlyjs
     except ImportError:
-        raise ReportDependencyError(
-            "the HTML report needs plotly: pip install 'pytest-perfguard[report]'"
-        ) from None
+        raise ReportDependencyError("the HTML report needs plotly: pip install 'pytest-perfguard[report]'") from None
     template = pio.templates["plotly_white"].to_plotly_json()
     return get_plotlyjs(), json.dumps(template, separators=(",", ":"))
 
@@ -140,9 +138,7 @@ def _forest(
         if gate.band is not None:
             band_x += [_pct(gate.band[0]), _pct(gate.band[1]), None]
             band_y += [label, label, None]
-    points = [
-        (label, gate, case_id, gate.estimate) for label, gate, case_id in rows if gate.estimate is not None
-    ]
+    points = [(label, gate, case_id, gate.estimate) for label, gate, case_id in rows if gate.estimate is not None]
     ests = [_pct(est) for _, _, _, est in points]
     ci = [g.ci or (est, est) for _, g, _, est in points]
     return [
@@ -227,12 +223,7 @@ def gates_figure(cases: Sequence[Case], title: str) -> Figure | None:
     }
     for index, name in enumerate(names):
         xref = "x" if index == 0 else f"x{index + 1}"
-        rows = [
-            (label, g, c.id)
-            for label, c in zip(labels, judged, strict=True)
-            for g in c.gates
-            if g.name == name
-        ]
+        rows = [(label, g, c.id) for label, c in zip(labels, judged, strict=True) for g in c.gates if g.name == name]
         data += _forest(rows, xref, "y")
         left = index * (width + gap)
         layout["xaxis" if index == 0 else f"xaxis{index + 1}"] = _axis(
@@ -317,9 +308,7 @@ def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
                     "yaxis": "y2",
                     "error_y": _error_bars(ratios, [c.rec.ratio_ci for c in rated], color),
                     "hoverinfo": "text",
-                    "hovertext": [
-                        f"{_e(c.id)}<br>ratio {_e(fmt_ratio(c.rec.ratio, c.rec.ratio_ci))}" for c in rated
-                    ],
+                    "hovertext": [f"{_e(c.id)}<br>ratio {_e(fmt_ratio(c.rec.ratio, c.rec.ratio_ci))}" for c in rated],
                 }
             )
     top = f"{unit} (95% CI)" if use_tflops else "time, µs (95% CI)"
@@ -407,9 +396,7 @@ def case_figure(case: Case) -> Figure | None:
             title={"text": "gates: change (95% CI)"},
         )
         # First gate on top; room above each row for its label.
-        layout["yaxis2" if series else "yaxis"] = _axis(
-            anchor=x, type="category", range=[len(gates) - 0.6, -0.8]
-        )
+        layout["yaxis2" if series else "yaxis"] = _axis(anchor=x, type="category", range=[len(gates) - 0.6, -0.8])
         layout["shapes"].append(_vline(x))
     return {"data": data, "layout": layout}
 
@@ -441,8 +428,7 @@ class _Page:
 
     def scripts(self) -> str:
         return "\n".join(
-            f'<script type="application/json" id="spec-{i}">{spec}</script>'
-            for i, spec in enumerate(self.specs)
+            f'<script type="application/json" id="spec-{i}">{spec}</script>' for i, spec in enumerate(self.specs)
         )
 
 
@@ -465,7 +451,8 @@ grid-template-columns:minmax(120px,.9fr) minmax(120px,.9fr) 1.2fr 1fr 2.1fr 60px
 details.case>summary>span{overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 details.case[open]>summary{border-bottom:1px solid #eee} .body{padding:6px 12px 10px}
 details.attn>summary{display:block;padding:5px 12px} details.attn>summary>div:first-child{overflow:hidden;
-text-overflow:ellipsis;white-space:nowrap} details.attn code{word-break:break-all} details.attn>summary>div:first-child::before{content:"▸ ";color:#888}
+text-overflow:ellipsis;white-space:nowrap} details.attn code{word-break:break-all} details.attn>summary>div:first-
+child::before{content:"▸ ";color:#888}
 details.attn[open]>summary>div:first-child::before{content:"▾ "}
 .head{display:grid;gap:10px;padding:4px 14px;font-weight:600;color:#555;
 grid-template-columns:minmax(120px,.9fr) minmax(120px,.9fr) 1.2fr 1fr 2.1fr 60px 100px}
@@ -568,7 +555,8 @@ def _case_details(report: Report, case: Case, page: _Page) -> str:
     )
     return (
         f'<details class="case" style="--c:{_color(case.status)}"><summary>{summary}</summary>'
-        f'<div class="body"><table class="env">{rows}</table>{page.plot(case_figure(case), lazy=True, key=f"{case.device}::{case.id}")}</div></details>'
+        f'<div class="body"><table class="env">{rows}</table>'
+        f"{page.plot(case_figure(case), lazy=True, key=f'{case.device}::{case.id}')}</div></details>"
     )
 
 
@@ -630,7 +618,8 @@ def render_html(doc: Mapping[str, Any]) -> str:
         f"<title>perfguard: {_e(counts_line(report))}</title><style>{_CSS}</style>"
         f"<script>{plotly_js}</script></head>\n<body><main>\n"
         + "\n".join(s for s in sections if s)
-        + f"\n</main>\n{page.scripts()}\n<script>var CONFIG = {config}, TEMPLATE = {template};{_JS}</script>\n</body></html>\n"
+        + f"\n</main>\n{page.scripts()}\n"
+        + f"<script>var CONFIG = {config}, TEMPLATE = {template};{_JS}</script>\n</body></html>\n"
     )
 
 

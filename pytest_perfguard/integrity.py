@@ -181,7 +181,8 @@ def degenerate_input(inputs: Inputs) -> str | None:
             flat = t.detach().flatten()
             if bool((flat == flat[0]).all()):
                 return (
-                    f"degenerate input: {name} holds one value ({float(flat[0]):g}) in all {t.numel()} elements; a kernel "
+                    f"degenerate input: {name} holds one value ({float(flat[0]):g}) in all {t.numel()} elements; "
+                    "a kernel "
                     "may return a constant or shortcut for it. Draw random inputs (torch.randn) in the test"
                 )
     return None

@@ -83,9 +83,7 @@ def load_json_text(path: Path, error: type[JSONFileError], what: str) -> tuple[A
     except IsADirectoryError:
         raise error(f"{path}: is a folder, not a {what} file") from None
     except OSError as exc:
-        raise error(
-            f"{path}: cannot read the {what} file ({exc.strerror or exc}); check its permissions"
-        ) from None
+        raise error(f"{path}: cannot read the {what} file ({exc.strerror or exc}); check its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -116,9 +114,7 @@ def load_json_text(path: Path, error: type[JSONFileError], what: str) -> tuple[A
         # a string can hold no raw newline, so an unterminated one runs to the end of the file
         truncated = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
         why = "the file ends early (truncated write?)" if truncated else "invalid JSON"
-        raise error(
-            f"{path}: {why} at line {exc.lineno} column {exc.colno}: {exc.msg}: {restore_hint(path)}"
-        ) from None
+        raise error(f"{path}: {why} at line {exc.lineno} column {exc.colno}: {exc.msg}: {restore_hint(path)}") from None
     except RecursionError:
         raise error(f"{path}: JSON nested too deeply to be a {what} file: {restore_hint(path)}") from None
     except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
@@ -193,9 +189,7 @@ def iso_date(value: Any, name: str) -> str:
 def check_keys(obj: dict[str, Any], allowed: tuple[str, ...], required: tuple[str, ...]) -> None:
     missing = [k for k in required if k not in obj]
     if missing:
-        raise Invalid(
-            f"missing field {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
+        raise Invalid(f"missing field {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     unknown = sorted(k for k in obj if k not in allowed)
     if unknown:
         raise Invalid(f"unknown field {unknown[0]!r} (allowed: {', '.join(allowed)})")
@@ -250,9 +244,7 @@ def write_text_atomic(path: Path, text: str, error: type[JSONFileError] = JSONFi
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(exc, OSError):
-            raise error(
-                f"{path}: writing failed ({exc.strerror or exc}); the previous file is unchanged"
-            ) from None
+            raise error(f"{path}: writing failed ({exc.strerror or exc}); the previous file is unchanged") from None
         raise
     fsync_dir(folder)
 
@@ -268,9 +260,7 @@ def lock_file(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def locked(
-    path: Path, timeout: float = LOCK_TIMEOUT_S, error: type[JSONFileError] = JSONFileError
-) -> Iterator[None]:
+def locked(path: Path, timeout: float = LOCK_TIMEOUT_S, error: type[JSONFileError] = JSONFileError) -> Iterator[None]:
     """Inter-process lock on a file, so concurrent update runs (xdist, CI shards) lose nothing."""
     if not path.parent.is_dir():
         raise error(f"{path}: folder {path.parent} does not exist; create it (mkdir -p {path.parent}) and run again")

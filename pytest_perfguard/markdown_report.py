@@ -63,13 +63,12 @@ def _attention(report: Report) -> list[str]:
     ]
     for case in cases[:MAX_ATTENTION]:
         lines.append(
-            f"| **{_cell(case.status)}** | {_cell(case.rec.variant)} · {_cell(case.shape)}{_cell(_where(report, case))} "
+            f"| **{_cell(case.status)}** | {_cell(case.rec.variant)} · "
+            f"{_cell(case.shape)}{_cell(_where(report, case))} "
             f"| {_cell(case.decisive_reason())} | {rd.fmt_mde(case.mde)} | {_cell(_code(case.command()))} |"
         )
     if len(cases) > MAX_ATTENTION:
-        lines.append(
-            f"\n…and {len(cases) - MAX_ATTENTION} more: see the full table below or the HTML report."
-        )
+        lines.append(f"\n…and {len(cases) - MAX_ATTENTION} more: see the full table below or the HTML report.")
     return [*lines, ""]
 
 
@@ -174,9 +173,7 @@ def ratio_chart(cases: Sequence[Case], title: str) -> list[str]:
     return [*lines, ""]
 
 
-def markdown_summary(
-    doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, notes: Sequence[str] = ()
-) -> str:
+def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, notes: Sequence[str] = ()) -> str:
     """The summary as Markdown; past ``limit`` characters the full table is cut (a PR comment's limit).
     ``notes``: the session's messages (stale entries, files written), listed after the chart."""
     report = rd.build(doc)

@@ -29,7 +29,9 @@ MARK_NAME = "perfguard_case"
 Requirement = str | Callable[[], str | None]
 ToleranceTable = Mapping[torch.dtype, Mapping[str, float]]
 
-_REQUIREMENT_HELP = "'cuda', 'triton', 'nvcc', 'sm<major><minor>' (e.g. 'sm80'), or a callable returning a skip reason or None"
+_REQUIREMENT_HELP = (
+    "'cuda', 'triton', 'nvcc', 'sm<major><minor>' (e.g. 'sm80'), or a callable returning a skip reason or None"
+)
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,9 @@ def perf_case(
     normalized: dict[str, Variant] = {}
     for name, v in variants.items():
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.]+", name):
-            raise ValueError(f"variant name {name!r} must be letters, digits, '_' or '.' (it becomes part of the test id)")
+            raise ValueError(
+                f"variant name {name!r} must be letters, digits, '_' or '.' (it becomes part of the test id)"
+            )
         normalized[name] = v if isinstance(v, Variant) else Variant(v)
     if not callable(reference):
         raise TypeError("perf_case(reference=...) must be callable: the float64 correctness oracle")

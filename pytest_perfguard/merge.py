@@ -86,9 +86,7 @@ def _merged_runs(path: Path, obj: dict[str, Any]) -> list[Run]:
                 f"{path}: merged by a newer pytest-perfguard (merged schema {version} > "
                 f"{MERGED_SCHEMA_VERSION}): upgrade pytest-perfguard"
             )
-        raise bad(
-            f"'schema_version' of a merged file must be {MERGED_SCHEMA_VERSION}, got {json.dumps(version)}"
-        )
+        raise bad(f"'schema_version' of a merged file must be {MERGED_SCHEMA_VERSION}, got {json.dumps(version)}")
     raw = obj.get("runs")
     if not isinstance(raw, list) or not raw:
         raise bad("'runs' must be a non-empty JSON list")
@@ -97,9 +95,7 @@ def _merged_runs(path: Path, obj: dict[str, Any]) -> list[Run]:
         if not isinstance(item, dict) or not isinstance(item.get("source"), str):
             raise bad(f"run #{index} must be an object with a 'source' string")
         label = Path(f"{path} (run from {item['source']})")
-        runs.append(
-            Run(source=item["source"], doc=_run_object(item), checked=parse_results(label, _run_object(item)))
-        )
+        runs.append(Run(source=item["source"], doc=_run_object(item), checked=parse_results(label, _run_object(item))))
     _check_unique(runs)
     return runs
 
@@ -152,9 +148,7 @@ def _peek_schemas(path: Path) -> list[tuple[str, int]]:
 def merge_files(paths: Sequence[Path]) -> dict[str, Any]:
     """The merged document of results or merged files; raises ResultsError naming the file at fault."""
     if not paths:
-        raise MergeError(
-            "nothing to merge: name at least one results file (perfguard merge A.json B.json -o all.json)"
-        )
+        raise MergeError("nothing to merge: name at least one results file (perfguard merge A.json B.json -o all.json)")
     repeated = sorted({str(p) for p in paths if list(paths).count(p) > 1})
     if repeated:
         raise MergeError(f"{repeated[0]}: named twice; give each results file once")

@@ -63,7 +63,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.require_gpu and not settings.device.startswith("cuda"):
         # Checked per item too (so the failure names the case); this is the early, clear message.
         config.issue_config_time_warning(
-            pytest.PytestWarning("--perfguard-require-gpu: no CUDA GPU is visible; GPU variants will fail"), stacklevel=2
+            pytest.PytestWarning("--perfguard-require-gpu: no CUDA GPU is visible; GPU variants will fail"),
+            stacklevel=2,
         )
     state = make_state(settings, config.rootpath)
     if settings.enabled:
@@ -206,7 +207,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     from .report import terminal_lines
 
     info = state.device_info
-    terminalreporter.write_sep("=", f"perfguard: {info.get('name')} ({state.settings.device}), torch {info.get('torch')}")
+    terminalreporter.write_sep(
+        "=", f"perfguard: {info.get('name')} ({state.settings.device}), torch {info.get('torch')}"
+    )
     for line in terminal_lines(records, verbose=config.get_verbosity() > 0):
         terminalreporter.write_line(line)
     for line in summary.messages:

@@ -29,7 +29,7 @@ Clock = Callable[[], float]
 
 
 def progress_text(name: str, p: Progress) -> str:
-    """"perfguard: 14 blocks  CI ±2.31% (target 1.00%)  1.2 s, 3.8 s left  test_x[fast-8]": the figures
+    """ "perfguard: 14 blocks  CI ±2.31% (target 1.00%)  1.2 s, 3.8 s left  test_x[fast-8]": the figures
     first, so they stay in place from case to case and a long case id is what a narrow terminal cuts."""
     width = p.widest()
     ci = "CI -" if not math.isfinite(width) else f"CI ±{width * 100:.2f}%"

@@ -58,7 +58,7 @@ def format_ratio(ratio: float | None, ci: tuple[float, float] | None) -> str:
 
 
 def plus_minus(center: float | None, ci: Sequence[float | None] | None, unit: str = "%") -> str:
-    """"±1.2%": the larger side of the CI, relative to the center; "-" without one."""
+    """ "±1.2%": the larger side of the CI, relative to the center; "-" without one."""
     if center is None or not ci or ci[0] is None or ci[1] is None:
         return "-"
     half = max(center - float(ci[0]), float(ci[1]) - center) / center * 100
@@ -91,7 +91,9 @@ def rows(records: Iterable[CaseRecord]) -> list[list[str]]:
     for r in sorted(records, key=lambda r: r.id):
         if r.median_ns is None:
             why = "; ".join(r.reasons) or str(r.verdict or r.outcome)
-            out.append([r.test, r.variant, _shape(r), "-", "-", "-", "-", "-", *(["-"] if ab else []), "-", _short(why)])
+            out.append(
+                [r.test, r.variant, _shape(r), "-", "-", "-", "-", "-", *(["-"] if ab else []), "-", _short(why)]
+            )
             continue
         out.append(
             [
@@ -145,8 +147,17 @@ HEADERS = [
 AB_HEADER = "Δ vs base rev [95% CI]"
 
 
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
-           "float64": "fp64", "double": "fp64", "float8_e4m3fn": "fp8e4m3", "float8_e5m2": "fp8e5m2"}
+_DTYPES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "float64": "fp64",
+    "double": "fp64",
+    "float8_e4m3fn": "fp8e4m3",
+    "float8_e5m2": "fp8e5m2",
+}
 
 
 def _label(key: str, value: Any) -> str:
@@ -224,7 +235,7 @@ def _skipped(r: CaseRecord) -> bool:
 
 
 def _short_delta(record: CaseRecord, gate: str) -> str:
-    """"+1.2% ±0.8": the estimate and the larger side of its CI, in points; the full interval is in -v."""
+    """ "+1.2% ±0.8": the estimate and the larger side of its CI, in points; the full interval is in -v."""
     g = record.gate(gate)
     if g is None:
         return "-"

@@ -312,9 +312,7 @@ def build(doc: Mapping[str, Any]) -> Report:
         errors += [prefix + str(e) for e in summary.get("errors") or []]
         cases += [_case(r, device) for r in run.get("results") or [] if isinstance(r, dict)]
     cases.sort(key=_sort_key)
-    return Report(
-        cases=cases, devices=devices, sources=sources, git_shas=shas, margins=margins, errors=errors
-    )
+    return Report(cases=cases, devices=devices, sources=sources, git_shas=shas, margins=margins, errors=errors)
 
 
 # ------------------------------------------------------------------------------------------- formatting

@@ -42,9 +42,7 @@ class ResultsFile:
         return {record.id: record for record in self.results}
 
 
-def _optional_interval(
-    value: Any, name: str, centre: float | None, centre_name: str
-) -> tuple[float, float] | None:
+def _optional_interval(value: Any, name: str, centre: float | None, centre_name: str) -> tuple[float, float] | None:
     if value is None:
         return None
     if centre is None:
@@ -98,9 +96,7 @@ def parse_results(path: Path, obj: Any) -> ResultsFile:
         bad(f"the top level must be a JSON object, got {type(obj).__name__}")
     if obj.get("kind") != RESULTS_KIND:
         if "cases" in obj:
-            raise ResultsError(
-                f"{path}: this is a baseline file, not a results file; use `perfguard show {path}`"
-            )
+            raise ResultsError(f"{path}: this is a baseline file, not a results file; use `perfguard show {path}`")
         bad(f"'kind' must be {RESULTS_KIND!r}, got {json.dumps(obj.get('kind'))[:40]}")
     version = obj.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):

@@ -327,8 +327,13 @@ class Runner:
         seed = _draw_seeds(1, s.seed + 7919 if s.seed is not None else None)[0]
         with self._lock(exclusive=True):
             wrong = integrity.timed_outputs(
-                m.outputs, m.sample, trial.first, trial.make_inputs(seed), case.reference,
-                [case.tolerance, trial.variant.tolerance], seed=seed,
+                m.outputs,
+                m.sample,
+                trial.first,
+                trial.make_inputs(seed),
+                case.reference,
+                [case.tolerance, trial.variant.tolerance],
+                seed=seed,
             )
         if wrong:
             return wrong
@@ -420,7 +425,9 @@ class Runner:
         case, variant = trial.case, twin.variant
         try:
             with self._lock(exclusive=False):
-                report = check(variant.fn, case.reference, trial.make_inputs, trial.seeds, [case.tolerance, variant.tolerance])
+                report = check(
+                    variant.fn, case.reference, trial.make_inputs, trial.seeds, [case.tolerance, variant.tolerance]
+                )
         except Exception as exc:
             return Twin(Status.NO_BASE, f"no base: the base variant raised {type(exc).__name__}: {exc}")
         if not report.passed:
@@ -448,7 +455,13 @@ class Runner:
         on_progress = self._on_progress()
         with self._lock(exclusive=True):
             m = measure(
-                trial.calls(trial.variant.fn), against, timer, cfg, bytes_per_copy=nbytes, on_block=on_block, base=base,
+                trial.calls(trial.variant.fn),
+                against,
+                timer,
+                cfg,
+                bytes_per_copy=nbytes,
+                on_block=on_block,
+                base=base,
                 on_progress=on_progress,
             )
         record.env = self._env(case, trial.first)
@@ -456,8 +469,15 @@ class Runner:
         if verdict.needs_remeasure and not s.update:
             with self._lock(exclusive=True):
                 m2 = measure(
-                    trial.calls(trial.variant.fn), against, timer, cfg, copies=m.reps, bytes_per_copy=nbytes,
-                    on_block=on_block, base=base, on_progress=on_progress,
+                    trial.calls(trial.variant.fn),
+                    against,
+                    timer,
+                    cfg,
+                    copies=m.reps,
+                    bytes_per_copy=nbytes,
+                    on_block=on_block,
+                    base=base,
+                    on_progress=on_progress,
                 )
             m = pooled(m, m2, cfg.confidence)
             verdict = self._judge(trial, record, m, twin)
@@ -487,7 +507,11 @@ class Runner:
         if twin is not None:
             policy = self.state.policy()
             ratios = m.ab_ratios()
-            gate = ab_gate(ratios, policy, s.ab_margin) if twin.ok else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
+            gate = (
+                ab_gate(ratios, policy, s.ab_margin)
+                if twin.ok
+                else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
+            )
             verdict.gates.insert(0, gate)
             verdict.deciding = frozenset({"ab", "max_ratio"})
         return verdict
@@ -557,8 +581,10 @@ class Runner:
             note = confirmation.note if confirmation is not None else ""
             reasons = [g.reason for g in failing] + ([note] if note else [])
             self._fail(record, f"{record.variant}: performance regression: " + "; ".join(reasons))
-        elif s.strict and not s.update and status in (
-            Status.INCONCLUSIVE, Status.NO_BASELINE, Status.NOT_COMPARABLE, Status.NO_BASE, Status.NEW
+        elif (
+            s.strict
+            and not s.update
+            and status in (Status.INCONCLUSIVE, Status.NO_BASELINE, Status.NOT_COMPARABLE, Status.NO_BASE, Status.NEW)
         ):
             hint = "" if status is Status.INCONCLUSIVE else " Record one with --perfguard-update-baseline."
             self._fail(record, f"--perfguard-strict ({status}): " + "; ".join(record.reasons) + hint)

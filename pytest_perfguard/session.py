@@ -151,7 +151,8 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
             stale = bl.stale_entries(state.baseline, collected_ids)
             if stale:
                 out.messages.append(
-                    f"perfguard: {len(stale)} stored case(s) in {shown(baseline_file(state))} were not collected in this "
+                    f"perfguard: {len(stale)} stored case(s) in {shown(baseline_file(state))} "
+                    "were not collected in this "
                     "run (stale if the whole suite ran); remove them with --perfguard-update-baseline --perfguard-prune"
                 )
     _write_reports(state, records, timed, out)
@@ -279,7 +280,11 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
         return
     try:
         summary = bl.update_baseline(
-            path, state.device_info, entries, noise_floor=state.noise_floor, change_threshold=s.margin,
+            path,
+            state.device_info,
+            entries,
+            noise_floor=state.noise_floor,
+            change_threshold=s.margin,
             noise_k=bl.NOISE_K,
         )
     except (bl.BaselineError, OSError, ValueError) as exc:
@@ -292,7 +297,9 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
         f"afresh), {summary.kept} kept"
     )
     if bad:
-        out.messages.append(f"perfguard: {len(bad)} timed case(s) not recorded (failed or disturbed): {', '.join(bad[:5])}")
+        out.messages.append(
+            f"perfguard: {len(bad)} timed case(s) not recorded (failed or disturbed): {', '.join(bad[:5])}"
+        )
     if held:
         out.messages.append(
             f"perfguard: {len(held)} case(s) not folded in: they moved past the margin in this process only "

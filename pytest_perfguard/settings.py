@@ -78,36 +78,80 @@ class Spec:
 
 
 SPECS: tuple[Spec, ...] = (
-    Spec("enabled", "bool", False, "time every perf case against its reference and apply the gates",
-         cli_only=True, flag="--perfguard"),
-    Spec("update", "bool", False, "measure and record baselines (implies --perfguard)", cli_only=True,
-         flag="--perfguard-update-baseline"),
-    Spec("prune", "bool", False, "with --perfguard-update-baseline: remove stored cases that were not collected",
-         cli_only=True),
-    Spec("seed", "int", None, "use seeds N, N+1, ... instead of fresh random ones (to reproduce a failure)",
-         cli_only=True),
-    Spec("against", "str", None,
-         "git revision to compare with, in the same process: each variant is timed against its twin at REV "
-         "(the A/B gate)"),
+    Spec(
+        "enabled",
+        "bool",
+        False,
+        "time every perf case against its reference and apply the gates",
+        cli_only=True,
+        flag="--perfguard",
+    ),
+    Spec(
+        "update",
+        "bool",
+        False,
+        "measure and record baselines (implies --perfguard)",
+        cli_only=True,
+        flag="--perfguard-update-baseline",
+    ),
+    Spec(
+        "prune",
+        "bool",
+        False,
+        "with --perfguard-update-baseline: remove stored cases that were not collected",
+        cli_only=True,
+    ),
+    Spec(
+        "seed",
+        "int",
+        None,
+        "use seeds N, N+1, ... instead of fresh random ones (to reproduce a failure)",
+        cli_only=True,
+    ),
+    Spec(
+        "against",
+        "str",
+        None,
+        "git revision to compare with, in the same process: each variant is timed against its twin at REV "
+        "(the A/B gate)",
+    ),
     Spec("ab_margin", "float", DEFAULT_AB_MARGIN, "margin of the A/B gate (head vs base revision)", _fraction),
     Spec("baseline_dir", "path", ".ci/baselines", "folder of the per-device baseline JSON files"),
-    Spec("margin", "float", DEFAULT_MARGIN,
-         "regression margin of the baseline and ratio gates; never below 4x the stored between-run noise",
-         _fraction),
-    Spec("ci_target", "float", 0.01, "stop measuring a case once the 95% CI half-width is under this fraction",
-         _fraction),
+    Spec(
+        "margin",
+        "float",
+        DEFAULT_MARGIN,
+        "regression margin of the baseline and ratio gates; never below 4x the stored between-run noise",
+        _fraction,
+    ),
+    Spec(
+        "ci_target", "float", 0.01, "stop measuring a case once the 95% CI half-width is under this fraction", _fraction
+    ),
     Spec("case_budget", "float", 5.0, "seconds of measurement per case (per re-measurement)", _positive),
     Spec("total_budget", "float", 0.0, "seconds of measurement for the whole run; 0 = unlimited"),
-    Spec("case_timeout", "float", 900.0,
-         "seconds one case may run before the session ends with TIMEOUT (hung kernel); 0 = none"),
-    Spec("confirm", "bool", True,
-         "re-run a regressed case once in a fresh process and fail only if it regresses there too"),
+    Spec(
+        "case_timeout",
+        "float",
+        900.0,
+        "seconds one case may run before the session ends with TIMEOUT (hung kernel); 0 = none",
+    ),
+    Spec(
+        "confirm",
+        "bool",
+        True,
+        "re-run a regressed case once in a fresh process and fail only if it regresses there too",
+    ),
     Spec("json", "path", None, "write every result to this JSON file"),
     Spec("html", "path", None, "write a self-contained HTML report to this file"),
-    Spec("strict", "bool", False,
-         "fail on a missing baseline or base, an incomparable one, or an inconclusive verdict"),
-    Spec("allow_missing", "bool", False,
-         "under CI, do not fail a run in which no case was compared with a baseline or base revision"),
+    Spec(
+        "strict", "bool", False, "fail on a missing baseline or base, an incomparable one, or an inconclusive verdict"
+    ),
+    Spec(
+        "allow_missing",
+        "bool",
+        False,
+        "under CI, do not fail a run in which no case was compared with a baseline or base revision",
+    ),
     Spec("require_gpu", "bool", False, "fail, not skip, when a variant needs a GPU that is not there"),
     Spec("device", "str", "auto", "where to run: auto (CUDA if available), cpu, cuda, cuda:N", _device),
 )
@@ -204,14 +248,20 @@ def add_options(parser: pytest.Parser) -> None:
         if spec.kind == "int":
             group.addoption(spec.option, dest=spec.dest, default=None, type=int, metavar="N", help=spec.help)
         elif spec.kind == "bool" and spec.default is True:
-            group.addoption(spec.option, action="store_false", dest=spec.dest, default=None,
-                            help=f"do not {spec.help}{where}")
+            group.addoption(
+                spec.option, action="store_false", dest=spec.dest, default=None, help=f"do not {spec.help}{where}"
+            )
         elif spec.kind == "bool":
             group.addoption(spec.option, action="store_true", dest=spec.dest, default=None, help=spec.help + where)
         else:
             shown = "none" if spec.default is None else spec.default
-            group.addoption(spec.option, dest=spec.dest, default=None, metavar=spec.name.upper(),
-                            help=f"{spec.help}{where}; default {shown}")
+            group.addoption(
+                spec.option,
+                dest=spec.dest,
+                default=None,
+                metavar=spec.name.upper(),
+                help=f"{spec.help}{where}; default {shown}",
+            )
         if not spec.cli_only:
             if spec.kind == "bool":
                 parser.addini(spec.ini, spec.help, type="bool", default=spec.default)

@@ -9,7 +9,8 @@ On CUDA a sample is one replay of a CUDA graph holding the `reps` calls, timed w
 cache was flushed outside the timed window: the queue stays full, so a 9 us kernel reads 9 us rather
 than the host's launch latency. A wall-clock reading of each replay, closed by a device-wide
 synchronise, is a cross-check for work the events did not see (another stream, host work): its excess
-over the events' time is each sample's `gap_ns`, judged by integrity.unseen_work. On CPU the same engine uses an injectable clock,
+over the events' time is each sample's `gap_ns`, judged by integrity.unseen_work. On CPU the same engine uses an
+injectable clock,
 `time.perf_counter_ns` by default, which makes the statistics testable deterministically.
 """
 
@@ -336,9 +337,7 @@ def choose_reps(single_ns: float, cfg: MeasureConfig, bytes_per_copy: int) -> in
     return int(max(1, min(want, cfg.max_reps, mem_cap)))
 
 
-def _intervals(
-    v: list[float], a: list[float] | None, confidence: float
-) -> tuple[Interval, Interval | None]:
+def _intervals(v: list[float], a: list[float] | None, confidence: float) -> tuple[Interval, Interval | None]:
     log_t = log_interval(v, confidence)
     if a is None:
         return log_t, None

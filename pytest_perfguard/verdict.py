@@ -181,7 +181,13 @@ def case_mde(gates: Sequence[Gate], *, variant_is_against: bool) -> float | None
 
 
 def _judge(
-    name: str, diff: Interval, report: Interval, tau: float, what: str, than: str = "the baseline", hint: str = "; update it"
+    name: str,
+    diff: Interval,
+    report: Interval,
+    tau: float,
+    what: str,
+    than: str = "the baseline",
+    hint: str = "; update it",
 ) -> Gate:
     """diff: decision interval (log scale); report: the 95% interval shown to people (log scale)."""
     gate = Gate(
@@ -206,7 +212,8 @@ def _judge(
     else:
         gate.status = INCONCLUSIVE
         gate.reason = (
-            f"{what} {pct:+.1f}% ({ci}) straddles the {math.expm1(tau) * 100:.1f}% margin: not enough evidence either way"
+            f"{what} {pct:+.1f}% ({ci}) straddles the {math.expm1(tau) * 100:.1f}% margin: "
+            "not enough evidence either way"
         )
     return gate
 
@@ -256,7 +263,8 @@ def decide(
             Gate(
                 "baseline",
                 NOT_COMPARABLE,
-                reason="not comparable: " + ", ".join(incomparable)
+                reason="not comparable: "
+                + ", ".join(incomparable)
                 + "; if the change is intended, re-baseline with pytest --perfguard-update-baseline",
             )
         )
@@ -271,7 +279,9 @@ def decide(
         )
         verdict.gates.append(gate)
         if log_r is not None and log_r_dec is not None and stored.ratio is not None:
-            shown_r = combine_difference(log_r, math.log(stored.ratio), _stored_log_half_width(stored.ratio, stored.ratio_ci))
+            shown_r = combine_difference(
+                log_r, math.log(stored.ratio), _stored_log_half_width(stored.ratio, stored.ratio_ci)
+            )
             dec_r = decision_interval(log_r_dec, stored.ratio, stored.ratio_ci)
             tau_r = math.log1p(policy.ratio_delta(stored.noise))
             gate_r = _judge("ratio", dec_r, shown_r, tau_r, "ratio vs baseline ratio")

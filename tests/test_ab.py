@@ -29,7 +29,7 @@ class FakeClock:
 CLOCK = FakeClock()
 '''
 
-CONFTEST = '''
+CONFTEST = """
 import random
 import torch
 from fakeclock import CLOCK
@@ -50,9 +50,9 @@ def timed(ns, noise=0.01, wrong=False):
         out = _MEMO[key][3].clone()
         return out * 1.5 if wrong else out
     return kernel
-'''
+"""
 
-TEST = '''
+TEST = """
 import pytest
 import torch
 from pytest_perfguard import perf_case
@@ -74,14 +74,24 @@ def test_k(S, perfguard_device):
 def test_shape(perfguard_device):
     q, k, v = (torch.randn(1, 2, {shape}, 16, dtype=torch.float64) for _ in range(3))
     return (q, k, v), {{}}
-'''
+"""
 
 
 def _git(path: Path, *args: str) -> str:
     return subprocess.run(
-        ["git", *args], cwd=path, check=True, capture_output=True, text=True,
-        env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-             "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(path), "PATH": os.environ["PATH"]},
+        ["git", *args],
+        cwd=path,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+            "HOME": str(path),
+            "PATH": os.environ["PATH"],
+        },
     ).stdout.strip()
 
 
@@ -90,7 +100,9 @@ def _write_test(p: pytest.Pytester, *, fast: int, wrong: bool, extra: str, shape
 
 
 @pytest.fixture
-def repo(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def repo(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> pytest.Pytester:
     """Commit 1: the base. Commit 2: `fast` 5% slower, `flaky` fixed, a new variant, `test_shape` reshaped."""
     monkeypatch.setenv("PERFGUARD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     p = pytester

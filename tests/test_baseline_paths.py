@@ -29,9 +29,7 @@ def _locks(root: Path) -> list[Path]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
-def test_baseline_is_found_from_a_subfolder(
-    fresh: pytest.Pytester, mode: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_baseline_is_found_from_a_subfolder(fresh: pytest.Pytester, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     result = run(fresh, MODES[mode], "--perfguard-update-baseline")
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*created the baseline folder .ci*baselines*", "*4 added*"])
@@ -40,7 +38,10 @@ def test_baseline_is_found_from_a_subfolder(
     result = run(fresh, MODES[mode], "--perfguard")
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(
-        ["perfguard: baseline *.ci*baselines*.json (4 case(s) stored)", "*4 of 4 timed case(s) compared with the baseline*"]
+        [
+            "perfguard: baseline *.ci*baselines*.json (4 case(s) stored)",
+            "*4 of 4 timed case(s) compared with the baseline*",
+        ]
     )
     assert not _locks(fresh.path)
     assert not (fresh.path / "sub" / ".ci").exists()
@@ -56,8 +57,10 @@ def test_nothing_compared_fails_under_ci_and_warns_locally(fresh: pytest.Pyteste
     ci = run(fresh, MODES[mode], "--perfguard", env={"CI": "true"})
     assert ci.ret == pytest.ExitCode.TESTS_FAILED
     ci.stdout.fnmatch_lines(
-        ["*no timed case was compared with anything: looked in .ci*baselines*.json (no such file)*"
-         "--perfguard-update-baseline*Under CI this fails the run*"]
+        [
+            "*no timed case was compared with anything: looked in .ci*baselines*.json (no such file)*"
+            "--perfguard-update-baseline*Under CI this fails the run*"
+        ]
     )
     allowed = run(fresh, MODES[mode], "--perfguard", "--perfguard-allow-missing", env={"GITHUB_ACTIONS": "true"})
     assert allowed.ret == 0

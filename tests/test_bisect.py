@@ -43,14 +43,10 @@ def _git(path: Path, *args: str) -> str:
         "HOME": str(path),
         "PATH": os.environ["PATH"],
     }
-    return subprocess.run(
-        ["git", *args], cwd=path, check=True, capture_output=True, text=True, env=env
-    ).stdout.strip()
+    return subprocess.run(["git", *args], cwd=path, check=True, capture_output=True, text=True, env=env).stdout.strip()
 
 
-def _commit(
-    path: Path, message: str, *, fast: int | None = None, name: str = "test_k", note: str = ""
-) -> str:
+def _commit(path: Path, message: str, *, fast: int | None = None, name: str = "test_k", note: str = "") -> str:
     if fast is not None:
         (path / "test_perf.py").write_text(TEST.format(fast=fast, name=name))
     if note:
@@ -88,9 +84,7 @@ def test_finds_the_commit_that_slowed_the_case(
     history: tuple[Path, list[str]], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     path, shas = history
-    status = main(
-        ["bisect", shas[0], "HEAD", "-k", "test_k", "--work-dir", str(tmp_path / "work"), *PYTEST_ARGS]
-    )
+    status = main(["bisect", shas[0], "HEAD", "-k", "test_k", "--work-dir", str(tmp_path / "work"), *PYTEST_ARGS])
     out = capfd.readouterr().out
     assert status == 0, out
     assert f"first bad commit: {shas[2][:7]} slow the kernel down" in out
@@ -150,9 +144,7 @@ def small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[s
     return path, [_commit(path, "one", fast=1000), _commit(path, "two", note="x")]
 
 
-def test_good_not_an_ancestor_is_an_error(
-    small: tuple[Path, list[str]], capfd: pytest.CaptureFixture[str]
-) -> None:
+def test_good_not_an_ancestor_is_an_error(small: tuple[Path, list[str]], capfd: pytest.CaptureFixture[str]) -> None:
     path, shas = small
     _git(path, "checkout", "-qb", "side", shas[0])
     side = _commit(path, "side", note="side")
@@ -205,9 +197,7 @@ def test_ctrl_c_still_resets_the_bisection(
 def test_unknown_arguments_go_to_pytest_only_for_bisect_and_explain() -> None:
     from pytest_perfguard.cli import build_parser
 
-    args, unknown = build_parser().parse_known_args(
-        ["bisect", "A", "B", "-k", "x", "-p", "no:xdist", "tests"]
-    )
+    args, unknown = build_parser().parse_known_args(["bisect", "A", "B", "-k", "x", "-p", "no:xdist", "tests"])
     assert (args.good, args.bad, args.k, unknown) == ("A", "B", "x", ["-p", "no:xdist", "tests"])
     with pytest.raises(SystemExit):
         main(["show", "--bogus"])

@@ -68,8 +68,7 @@ def test_compiles_without_spills(
     assert report.kernels, f"ptxas reported no kernels for {source} ({arch}); log:\n{report.log[-2000:]}"
     spilling = report.spilling
     assert not spilling, f"register spills in {source} ({arch}):\n" + "\n".join(
-        f"  {k.name}: {k.spill_stores} B stores, {k.spill_loads} B loads, {k.registers} registers"
-        for k in spilling
+        f"  {k.name}: {k.spill_stores} B stores, {k.spill_loads} B loads, {k.registers} registers" for k in spilling
     )
 
 

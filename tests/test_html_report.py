@@ -20,9 +20,7 @@ import pytest
 from pytest_perfguard.report_data import build
 
 DATA = Path(__file__).resolve().parent / "data" / "h200_planted_results.json"
-BROWSER = next(
-    (p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None
-)
+BROWSER = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 TIMEOUT_S = 180
 
 
@@ -56,9 +54,7 @@ def _chromium(browser: str, profile: Path, *args: str) -> subprocess.CompletedPr
         *args,
     ]
     try:
-        return subprocess.run(
-            cmd, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
-        )
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         pytest.fail(f"chromium did not finish in {TIMEOUT_S}s: {' '.join(cmd)}")
 

@@ -66,7 +66,7 @@ def timed(ns, noise=0.01, fn=reference):
 
 
 def _case(variant_ns: str = "1000", against_ns: str = "1000", extra: str = "") -> str:
-    return f'''
+    return f"""
 import os
 import pytest
 import torch
@@ -87,7 +87,7 @@ AGAINST = float(os.environ.get("PLANT_AGAINST", "1.0"))
 def test_attn(S, perfguard_device):
     q, k, v = (torch.randn(1, 2, S, 16, dtype=torch.float64) for _ in range(3))
     return (q, k, v), {{"causal": True}}
-'''
+"""
 
 
 @pytest.fixture(params=list(MODES))
@@ -177,15 +177,23 @@ def test_plain_run_checks_correctness_only(project: pytest.Pytester, mode: list[
 
 BUGS = {
     "error": ("lambda q, k, v, causal: reference(q, k, v, causal) + 1e-3", "*atol/rtol bound failed (seed *"),
-    "nan": ("lambda q, k, v, causal: reference(q, k, v, causal).index_fill(-2, torch.tensor([3]), float('nan'))",
-            "*output elements are NaN/Inf where the reference is finite, first at index (0, 0, 3, 0)*"),
-    "inplace": ("lambda q, k, v, causal: (q.add_(0.5), reference(q, k, v, causal))[1]",
-                "*input arg0 was modified in place*"),
-    "dtype": ("lambda q, k, v, causal: reference(q, k, v, causal).float()",
-              "*output dtype torch.float32 != expected torch.float64*"),
+    "nan": (
+        "lambda q, k, v, causal: reference(q, k, v, causal).index_fill(-2, torch.tensor([3]), float('nan'))",
+        "*output elements are NaN/Inf where the reference is finite, first at index (0, 0, 3, 0)*",
+    ),
+    "inplace": (
+        "lambda q, k, v, causal: (q.add_(0.5), reference(q, k, v, causal))[1]",
+        "*input arg0 was modified in place*",
+    ),
+    "dtype": (
+        "lambda q, k, v, causal: reference(q, k, v, causal).float()",
+        "*output dtype torch.float32 != expected torch.float64*",
+    ),
     "shape": ("lambda q, k, v, causal: reference(q, k, v, causal)[..., :-1]", "*output shape*!= reference shape*"),
-    "type": ("lambda q, k, v, causal: reference(q, k, v, causal).tolist()",
-             "*returned list, expected a plain torch.Tensor*"),
+    "type": (
+        "lambda q, k, v, causal: reference(q, k, v, causal).tolist()",
+        "*returned list, expected a plain torch.Tensor*",
+    ),
 }
 
 
@@ -218,8 +226,7 @@ def test_planted_correctness_bugs_fail_with_the_reason_and_seed(project: pytest.
 
 
 def test_seed_option_reproduces_the_same_seeds(project: pytest.Pytester) -> None:
-    project.makepyfile(test_k=_case(extra=', "buggy": lambda q, k, v, causal: reference(q, k, v, causal) + 1')
-                       )
+    project.makepyfile(test_k=_case(extra=', "buggy": lambda q, k, v, causal: reference(q, k, v, causal) + 1'))
     result = run(project, [], "-k", "buggy and 8", "--perfguard-seed", "41")
     result.stdout.fnmatch_lines(["*Seeds drawn for this run: [[]41, 42, 43[]]*"])
 
@@ -242,8 +249,9 @@ def test_perfguard_without_baseline_reports_and_writes_json_and_summary(
 ) -> None:
     project.makepyfile(test_k=_case())
     summary = tmp_path / "summary.md"
-    result = run(project, mode, "--perfguard", "--perfguard-json", "out/results.json",
-                 env={"GITHUB_STEP_SUMMARY": str(summary)})
+    result = run(
+        project, mode, "--perfguard", "--perfguard-json", "out/results.json", env={"GITHUB_STEP_SUMMARY": str(summary)}
+    )
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*perfguard:*", "test_attn:", "fast*S8*ns ±*no baseline*"])
     doc = json.loads((project.path / "out" / "results.json").read_text())
@@ -263,7 +271,8 @@ def test_a_variant_timed_against_itself_reports_the_time_gates_mde(project: pyte
     """The A/A control (the reference as one of its own variants): a slowdown of it moves both sides of its
     ratio, so its MDE is the time gate's, while another variant's is the better of its two gates (here the
     ratio gate for "twin", which shares the reference's ramp, and the time gate for "fast")."""
-    project.makepyfile(test_self="""
+    project.makepyfile(
+        test_self="""
 import math
 import pytest
 import torch
@@ -291,7 +300,8 @@ def twin(q, k, v, causal):
 def test_attn(S, perfguard_device):
     q, k, v = (torch.randn(1, 2, S, 16, dtype=torch.float64) for _ in range(3))
     return (q, k, v), {"causal": True}
-""")
+"""
+    )
     budget = ("--perfguard-case-budget", "1")
     for _ in range(2):  # runs that agree: the stored between-run noise falls to its floor
         run(project, MODES["no-xdist"], "--perfguard-update-baseline", *budget).assert_outcomes(passed=3)
@@ -339,7 +349,9 @@ def test_a_regression_seen_in_one_process_only_is_inconclusive_not_a_failure(
 ) -> None:
     """The slowdown belongs to the process (popped from the environment, so the fresh process that
     confirms the case does not see it), as a placement-dependent small kernel's does on a GPU."""
-    once = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', 'SLOW = float(os.environ.pop("PLANT_ONCE", "1.0"))')
+    once = _case().replace(
+        'SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', 'SLOW = float(os.environ.pop("PLANT_ONCE", "1.0"))'
+    )
     project.makepyfile(test_k=once)
     run(project, mode, "--perfguard-update-baseline").assert_outcomes(passed=4)
     result = run(project, mode, "--perfguard", "--perfguard-json", "r.json", env={"PLANT_ONCE": "1.3"})
@@ -362,8 +374,10 @@ def test_an_update_run_that_moved_in_its_own_process_only_is_held_back(
     """A slow process during an update would restart a case's entry as a "changed kernel" and throw away the
     runs its centre was made of. The move is checked in a fresh process first: a process-bound one (popped
     from the environment, so the fresh process does not see it) is held back; a real one restarts the entry."""
-    once = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))',
-                           'SLOW = float(os.environ.pop("PLANT_ONCE", os.environ.get("PLANT_SLOWDOWN", "1.0")))')
+    once = _case().replace(
+        'SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))',
+        'SLOW = float(os.environ.pop("PLANT_ONCE", os.environ.get("PLANT_SLOWDOWN", "1.0")))',
+    )
     project.makepyfile(test_k=once)
     run(project, mode, "--perfguard-update-baseline").assert_outcomes(passed=4)
     first = baseline_json(project)["cases"]
@@ -407,8 +421,7 @@ def test_ratio_gate_fires_when_the_reference_got_faster(project: pytest.Pytester
     project.makepyfile(test_k=_case())
     run(project, mode, "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
     # The variant's own time is unchanged, but SDPA got 40% faster: the variant lost ground.
-    result = run(project, mode, "--perfguard", "-k", "fast", "--perfguard-margin", "0.3",
-                 env={"PLANT_AGAINST": "0.6"})
+    result = run(project, mode, "--perfguard", "-k", "fast", "--perfguard-margin", "0.3", env={"PLANT_AGAINST": "0.6"})
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*performance regression: ratio vs baseline ratio +6*%*"])
 
@@ -470,9 +483,12 @@ def test_zero_perf_cases_under_perfguard_fails(pytester: pytest.Pytester, mode: 
     ("content", "problem"),
     [
         ('{"schema_version": 1, "device": ', "*truncated*"),
-        ('<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> branch\n', "*merge conflict*"),
+        ("<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> branch\n", "*merge conflict*"),
         ('{"schema_version": 99, "device": {"slug": "x", "name": "x"}, "cases": {}}', "*upgrade pytest-perfguard*"),
-        ('{"schema_version": 1, "schema_version": 1, "device": {"slug": "x", "name": "x"}, "cases": {}}', "*duplicate key*"),
+        (
+            '{"schema_version": 1, "schema_version": 1, "device": {"slug": "x", "name": "x"}, "cases": {}}',
+            "*duplicate key*",
+        ),
     ],
     ids=["truncated", "conflict", "newer", "duplicate"],
 )
@@ -503,14 +519,22 @@ def test_first_update_creates_the_default_baseline_folder(pytester: pytest.Pytes
 
 # ---------------------------------------------------------------------------------------------- faults
 
-_STICKY = 'lambda q, k, v, causal: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access was encountered"))'
-_OOM = 'lambda q, k, v, causal: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))'
+_STICKY = (
+    "lambda q, k, v, causal: (_ for _ in ()).throw("
+    'RuntimeError("CUDA error: an illegal memory access was encountered"))'
+)
+_OOM = (
+    "lambda q, k, v, causal: (_ for _ in ()).throw("
+    'torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))'
+)
 
 
 def test_sticky_cuda_error_fails_its_case_and_no_later_case_is_judged(project: pytest.Pytester) -> None:
     project.makepyfile(test_k=_case(extra=f', "aaa_poison": {_STICKY}'))
     result = run(project, ["-p", "no:xdist"], "--perfguard-update-baseline", "-rs")
-    result.stdout.fnmatch_lines(["aaa_poison: correctness check raised RuntimeError: CUDA error: an illegal memory access*"])
+    result.stdout.fnmatch_lines(
+        ["aaa_poison: correctness check raised RuntimeError: CUDA error: an illegal memory access*"]
+    )
     result.stdout.fnmatch_lines(["*not run: CUDA context poisoned by test_k.py::test_attn[[]aaa_poison-8[]]*"])
     result.stdout.fnmatch_lines(["*no baseline written: the CUDA context was poisoned*"])
     assert "regressed" not in result.stdout.str()
@@ -521,14 +545,26 @@ def test_out_of_memory_fails_that_case_and_the_run_goes_on(project: pytest.Pytes
     project.makepyfile(test_k=_case(extra=f', "oom": {_OOM}'))
     result = run(project, ["-p", "no:xdist"], "--perfguard")
     result.assert_outcomes(passed=4, failed=2)
-    result.stdout.fnmatch_lines(["oom: CUDA out of memory in correctness check (inputs float64[[]1,2,8,16[]]*Tried to allocate 2.00 GiB*"])
+    result.stdout.fnmatch_lines(
+        ["oom: CUDA out of memory in correctness check (inputs float64[[]1,2,8,16[]]*Tried to allocate 2.00 GiB*"]
+    )
 
 
 def test_hung_kernel_times_out_with_the_case_name_and_results_are_flushed(project: pytest.Pytester) -> None:
     hang = "lambda q, k, v, causal: __import__('time').sleep(3600)"
     project.makepyfile(test_k=_case(extra=f', "hang": {hang}'))
-    result = run(project, ["-p", "no:xdist"], "--perfguard", "--perfguard-case-timeout", "3",
-                 "--perfguard-json", "r.json", "-k", "hang and 8", fresh=True)
+    result = run(
+        project,
+        ["-p", "no:xdist"],
+        "--perfguard",
+        "--perfguard-case-timeout",
+        "3",
+        "--perfguard-json",
+        "r.json",
+        "-k",
+        "hang and 8",
+        fresh=True,
+    )
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*perfguard: TIMEOUT: test_k.py::test_attn[[]hang-8[]] ran longer than 3s*"])
     doc = json.loads((project.path / "r.json").read_text())
@@ -541,10 +577,16 @@ def test_under_xdist_a_poisoned_worker_exits_and_a_fresh_one_runs_the_rest(proje
     # Each poisoning case fails once, with its own reason; every other case is run by a worker that is
     # not poisoned and gets a real verdict, none "not run".
     result.assert_outcomes(passed=4, failed=2)
-    result.stdout.fnmatch_lines(["*aaa_poison: correctness check raised RuntimeError: CUDA error: an illegal memory access*"])
+    result.stdout.fnmatch_lines(
+        ["*aaa_poison: correctness check raised RuntimeError: CUDA error: an illegal memory access*"]
+    )
     result.stdout.fnmatch_lines(["*replacing crashed worker*"])
-    result.stdout.fnmatch_lines(["*perfguard: worker gw* ended after test_k.py::test_attn[[]aaa_poison-*[]] poisoned its CUDA context*"])
-    result.stdout.fnmatch_lines(["*no baseline written: the CUDA context was poisoned during this session (by *aaa_poison*"])
+    result.stdout.fnmatch_lines(
+        ["*perfguard: worker gw* ended after test_k.py::test_attn[[]aaa_poison-*[]] poisoned its CUDA context*"]
+    )
+    result.stdout.fnmatch_lines(
+        ["*no baseline written: the CUDA context was poisoned during this session (by *aaa_poison*"]
+    )
     assert "not run" not in result.stdout.str()
     assert "crashed while running" not in result.stdout.str()
     assert not list((project.path / ".ci" / "baselines").glob("*.json"))
@@ -552,14 +594,27 @@ def test_under_xdist_a_poisoned_worker_exits_and_a_fresh_one_runs_the_rest(proje
     by_variant: dict[str, list[str]] = {}
     for r in doc["results"]:
         by_variant.setdefault(r["variant"], []).append(r["outcome"])
-    assert by_variant == {"aaa_poison": ["failed", "failed"], "fast": ["passed", "passed"], "other": ["passed", "passed"]}
+    assert by_variant == {
+        "aaa_poison": ["failed", "failed"],
+        "fast": ["passed", "passed"],
+        "other": ["passed", "passed"],
+    }
 
 
 def test_under_xdist_a_hung_case_times_out_and_the_rest_still_run(project: pytest.Pytester) -> None:
     hang = "lambda q, k, v, causal: __import__('time').sleep(3600)"
     project.makepyfile(test_k=_case(extra=f', "hang": {hang}'))
-    result = run(project, ["-n", "2"], "--perfguard", "--perfguard-case-timeout", "20",
-                 "--perfguard-json", "r.json", "-k", "not (hang and 16)")
+    result = run(
+        project,
+        ["-n", "2"],
+        "--perfguard",
+        "--perfguard-case-timeout",
+        "20",
+        "--perfguard-json",
+        "r.json",
+        "-k",
+        "not (hang and 16)",
+    )
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines(["*TIMEOUT: test_k.py::test_attn[[]hang-8[]] ran longer than 20s*"])
     assert "crashed while running" not in result.stdout.str()
@@ -583,13 +638,13 @@ def test_under_xdist_a_crashed_worker_is_recorded_and_the_rest_still_run(project
 # ------------------------------------------------------------------------------------------ live progress
 
 DONE_LINE = r"perfguard: test_attn\[(fast|other)\] S(8|16): .* blocks in [\d.]+ s \((target|budget)\): \w"
-TTY_CONFTEST = '''
+TTY_CONFTEST = """
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     reporter = config.pluginmanager.getplugin("terminalreporter")
     reporter.isatty = type(reporter.isatty)(True)  # as on a terminal (a bool pytest also calls)
-'''
+"""
 
 
 def test_progress_off_a_tty_is_one_line_per_measured_case(project: pytest.Pytester, mode: list[str]) -> None:
@@ -621,8 +676,11 @@ def test_progress_on_a_tty_rewrites_one_line_and_clears_it(project: pytest.Pytes
     result = run(project, ["-p", "no:xdist"], "--perfguard", env={"COLUMNS": "120"})
     result.assert_outcomes(passed=4)
     out = (project.path / "stdout").read_bytes().decode()  # as written: result.stdout splits lines at \r
-    drawn = re.findall(r"\rperfguard: (\d+) blocks?  CI (-|±[\d.]+%) \(target 1\.00%\)  [\d.]+ s, [\d.]+ s left  "
-                       r"(test_attn\[\w+-\d+\])", out)
+    drawn = re.findall(
+        r"\rperfguard: (\d+) blocks?  CI (-|±[\d.]+%) \(target 1\.00%\)  [\d.]+ s, [\d.]+ s left  "
+        r"(test_attn\[\w+-\d+\])",
+        out,
+    )
     assert {name for _, _, name in drawn} == {f"test_attn[{v}-{s}]" for v in ("fast", "other") for s in (8, 16)}, out
     assert out.count("\r\x1b[A") == 4  # cleared after each case, the cursor back at the end of pytest's line
     assert not any(re.match(DONE_LINE, line) for line in out.splitlines())  # no log lines on a terminal

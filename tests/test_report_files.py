@@ -52,9 +52,7 @@ def test_double(n, perfguard_device):
 def _run(p: pytest.Pytester, *args: str, planted: str = "1.0") -> pytest.RunResult:
     os.environ["PLANTED"] = planted
     try:
-        return p.runpytest_subprocess(
-            "-p", "no:xdist", "-p", "no:cacheprovider", "--perfguard-case-budget", "5", *args
-        )
+        return p.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--perfguard-case-budget", "5", *args)
     finally:
         os.environ.pop("PLANTED", None)
 
@@ -66,9 +64,7 @@ def test_a_planted_regression_leads_the_html_and_markdown(
     (pytester.path / ".ci" / "baselines").mkdir(parents=True)
     _run(pytester, "--perfguard-update-baseline").assert_outcomes(passed=4)
     # --perfguard-no-confirm: the fresh-process confirmation is the plugin's business, not the report's
-    result = _run(
-        pytester, "--perfguard", "--perfguard-no-confirm", "--perfguard-json", "r.json", planted="1.5"
-    )
+    result = _run(pytester, "--perfguard", "--perfguard-no-confirm", "--perfguard-json", "r.json", planted="1.5")
     result.assert_outcomes(passed=2, failed=2)
 
     results = pytester.path / "r.json"

@@ -114,15 +114,19 @@ def _git(cwd: Path, *args: str) -> None:
         "GIT_COMMITTER_NAME": "ci",
         "GIT_COMMITTER_EMAIL": "ci@example.invalid",
     }
-    subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=cwd, env=env, check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", *args], cwd=cwd, env=env, check=True, capture_output=True, timeout=60
+    )
 
 
 def _repo_files() -> list[str]:
     """Tracked and untracked-but-not-ignored files: what a checkout would hold, without .venv or caches."""
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO_ROOT, check=True, capture_output=True, timeout=60,
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        timeout=60,
     ).stdout.decode()
     return [f for f in out.split("\0") if f]
 
@@ -165,15 +169,29 @@ def _stub_args(workflow: Path, tmp_path: Path) -> list[str]:
     return args
 
 
-def _run_act(repo: Path, tmp_path: Path, event: str, workflow: str, *extra: str,
-             timeout: int = ACT_TIMEOUT_S, path_first: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _run_act(
+    repo: Path,
+    tmp_path: Path,
+    event: str,
+    workflow: str,
+    *extra: str,
+    timeout: int = ACT_TIMEOUT_S,
+    path_first: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run act in host mode on the copy; the host Python (this interpreter's venv) comes first on PATH."""
     assert ACT is not None
     wf = repo / ".github" / "workflows" / workflow
     cmd = [
-        ACT, event, "-W", str(wf),
-        "-P", "ubuntu-24.04=-self-hosted", "-P", "self-hosted=-self-hosted",
-        "--action-cache-path", str(tmp_path / "act-cache"),
+        ACT,
+        event,
+        "-W",
+        str(wf),
+        "-P",
+        "ubuntu-24.04=-self-hosted",
+        "-P",
+        "self-hosted=-self-hosted",
+        "--action-cache-path",
+        str(tmp_path / "act-cache"),
         "--no-cache-server",  # act would otherwise start a cache server on a non-loopback address
         "--pull=false",
         *_stub_args(wf, tmp_path),
@@ -190,8 +208,9 @@ def _run_act(repo: Path, tmp_path: Path, event: str, workflow: str, *extra: str,
     env["ACT_DISABLE_VERSION_CHECK"] = "1"  # act would otherwise ask its notices server on every start
     env["NO_COLOR"] = "1"
     try:
-        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         pytest.fail(f"act did not finish in {timeout}s: {' '.join(cmd)}\n{out[-8000:]}")
@@ -206,9 +225,14 @@ def _act_output(proc: subprocess.CompletedProcess[str]) -> str:
 def test_act_tests_workflow_passes(repo_copy: Path, tmp_path: Path) -> None:
     """tests.yml's job runs green under act, on a small fast subset of the suite."""
     proc = _run_act(
-        repo_copy, tmp_path, "push", "tests.yml",
-        "-j", "checks",
-        "--env", "PERFGUARD_PYTEST_ARGS=tests/unit -q -x -p no:cacheprovider",
+        repo_copy,
+        tmp_path,
+        "push",
+        "tests.yml",
+        "-j",
+        "checks",
+        "--env",
+        "PERFGUARD_PYTEST_ARGS=tests/unit -q -x -p no:cacheprovider",
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, _act_output(proc)
@@ -222,13 +246,21 @@ def test_act_perfguard_workflow_on_cpu(repo_copy: Path, tmp_path: Path) -> None:
     """perfguard.yml's GPU job runs on CPU under act and leaves results JSON and a Markdown summary."""
     artifacts = tmp_path / "artifacts"
     proc = _run_act(
-        repo_copy, tmp_path, "push", "perfguard.yml",
-        "-j", "guard",
-        "--var", "PERFGUARD_REQUIRE_GPU=0",
-        "--env", "PERFGUARD_CASE_BUDGET=1",
+        repo_copy,
+        tmp_path,
+        "push",
+        "perfguard.yml",
+        "-j",
+        "guard",
+        "--var",
+        "PERFGUARD_REQUIRE_GPU=0",
+        "--env",
+        "PERFGUARD_CASE_BUDGET=1",
         # This CPU has no baseline: under CI that fails the run unless allowed (tests/test_baseline_paths.py).
-        "--env", "PERFGUARD_ALLOW_MISSING=1",
-        "--env", f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
+        "--env",
+        "PERFGUARD_ALLOW_MISSING=1",
+        "--env",
+        f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
         timeout=420,
     )
     out = proc.stdout + proc.stderr
@@ -256,7 +288,9 @@ def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp
     repo = tmp_path / "pr"
     _git(tmp_path, "clone", "-q", str(repo_copy), str(repo))
     _git(repo, "remote", "set-url", "origin", f"https://github.com/{FAKE_REPO}.git")
-    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    base = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
     (repo / "NOTES.md").write_text("a change on the pull request's branch\n")
     _git(repo, "add", "NOTES.md")
     _git(repo, "commit", "-q", "-m", "head of the pull request")
@@ -266,13 +300,25 @@ def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp
     event.write_text(json.dumps(payload))
     artifacts = tmp_path / "artifacts"
     proc = _run_act(
-        repo, tmp_path, "pull_request", "perfguard.yml", "-j", "guard", "-e", str(event),
-        "--var", "PERFGUARD_REQUIRE_GPU=0",
-        "--env", "PERFGUARD_CASE_BUDGET=1",
-        "--env", f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
-        "--env", f"PERFGUARD_CACHE_DIR={tmp_path / 'cache'}",
+        repo,
+        tmp_path,
+        "pull_request",
+        "perfguard.yml",
+        "-j",
+        "guard",
+        "-e",
+        str(event),
+        "--var",
+        "PERFGUARD_REQUIRE_GPU=0",
+        "--env",
+        "PERFGUARD_CASE_BUDGET=1",
+        "--env",
+        f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
+        "--env",
+        f"PERFGUARD_CACHE_DIR={tmp_path / 'cache'}",
         # The wiring is under test, not the margin: CPU timing on a shared machine moves by more than 1.5%.
-        "--env", "PERFGUARD_AB_MARGIN=0.2",
+        "--env",
+        "PERFGUARD_AB_MARGIN=0.2",
         timeout=420,
     )
     out = proc.stdout + proc.stderr
@@ -284,8 +330,7 @@ def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp
     assert "compared with the base revision" in out, _act_output(proc)
 
 
-def _pr_event(tmp_path: Path, *, head_repo: str, action: str, labels: list[str],
-              label: str | None = None) -> Path:
+def _pr_event(tmp_path: Path, *, head_repo: str, action: str, labels: list[str], label: str | None = None) -> Path:
     """A minimal pull_request event payload, as GitHub would send it."""
     event: dict[str, object] = {
         "action": action,
@@ -316,8 +361,19 @@ def _guard_planned(repo: Path, tmp_path: Path, event_path: Path) -> tuple[bool, 
     smi = fake_bin / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'no GPU here (test stub)' >&2\nexit 9\n")
     smi.chmod(0o755)
-    proc = _run_act(repo, tmp_path, "pull_request", "perfguard.yml", "-j", "guard", "-e", str(event_path),
-                    "-v", timeout=120, path_first=fake_bin)
+    proc = _run_act(
+        repo,
+        tmp_path,
+        "pull_request",
+        "perfguard.yml",
+        "-j",
+        "guard",
+        "-e",
+        str(event_path),
+        "-v",
+        timeout=120,
+        path_first=fake_bin,
+    )
     out = proc.stdout + proc.stderr
     skipped = re.search(r"Skipping job '[^']*' due to", out) is not None
     ran = "Run Main GPU state" in out
@@ -340,19 +396,20 @@ def test_fork_pr_without_label_skips_gpu_job(repo_copy: Path, tmp_path: Path) ->
     assert not ran, out[-8000:]
 
     # A push to a fork PR that still carries the label from an earlier review does not run either.
-    fork_stale = _pr_event(tmp_path, head_repo="someone/pytest-perfguard", action="synchronize",
-                           labels=["gpu-ok"])
+    fork_stale = _pr_event(tmp_path, head_repo="someone/pytest-perfguard", action="synchronize", labels=["gpu-ok"])
     ran, out = _guard_planned(repo_copy, tmp_path, fork_stale)
     assert not ran, out[-8000:]
     # ...and that push makes the revoke job take the stale label off (under act it only says so).
-    proc = _run_act(repo_copy, tmp_path, "pull_request", "perfguard.yml", "-j", "revoke-gpu-ok",
-                    "-e", str(fork_stale), timeout=120)
+    proc = _run_act(
+        repo_copy, tmp_path, "pull_request", "perfguard.yml", "-j", "revoke-gpu-ok", "-e", str(fork_stale), timeout=120
+    )
     assert proc.returncode == 0, _act_output(proc)
     assert "would remove gpu-ok from PR 7" in proc.stdout + proc.stderr, _act_output(proc)
 
     # Controls: the maintainer's label event and a same-repository PR do plan the GPU job.
-    fork_labeled = _pr_event(tmp_path, head_repo="someone/pytest-perfguard", action="labeled",
-                             labels=["gpu-ok"], label="gpu-ok")
+    fork_labeled = _pr_event(
+        tmp_path, head_repo="someone/pytest-perfguard", action="labeled", labels=["gpu-ok"], label="gpu-ok"
+    )
     ran, out = _guard_planned(repo_copy, tmp_path, fork_labeled)
     assert ran, out[-8000:]
     same_repo = _pr_event(tmp_path, head_repo=FAKE_REPO, action="synchronize", labels=[])
@@ -364,7 +421,8 @@ def test_fork_pr_without_label_skips_gpu_job(repo_copy: Path, tmp_path: Path) ->
 
 COMMENT_WF = "perfguard-comment.yml"
 
-# A stand-in for the GitHub CLI: logs every call of the workflow, serves the artifact from a folder, answers the PR's head
+# A stand-in for the GitHub CLI: logs every call of the workflow, serves the artifact from a folder, answers the PR's
+# head
 # and the previous comment's id from the environment, and keeps the posted body.
 FAKE_GH = """#!/usr/bin/env bash
 set -eu
@@ -414,7 +472,11 @@ def _run_event(tmp_path: Path, *, event: str = "pull_request", conclusion: str =
     payload = {
         "action": "completed",
         "workflow_run": {
-            "id": 4242, "name": "perfguard", "event": event, "conclusion": conclusion, "head_sha": HEAD_SHA,
+            "id": 4242,
+            "name": "perfguard",
+            "event": event,
+            "conclusion": conclusion,
+            "head_sha": HEAD_SHA,
             "html_url": f"https://github.com/{FAKE_REPO}/actions/runs/4242",
         },
         "repository": {"full_name": FAKE_REPO},
@@ -424,9 +486,17 @@ def _run_event(tmp_path: Path, *, event: str = "pull_request", conclusion: str =
     return path
 
 
-def _comment_run(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, pr: str = "7",
-                 pr_head: str = HEAD_SHA, comment_id: str = "", event: str = "pull_request",
-                 artifact: bool = True) -> tuple[subprocess.CompletedProcess[str], list[str], Path]:
+def _comment_run(
+    repo: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    pr: str = "7",
+    pr_head: str = HEAD_SHA,
+    comment_id: str = "",
+    event: str = "pull_request",
+    artifact: bool = True,
+) -> tuple[subprocess.CompletedProcess[str], list[str], Path]:
     fake_bin = tmp_path / "fake-gh-bin"
     fake_bin.mkdir(exist_ok=True)
     (fake_bin / "gh").write_text(FAKE_GH)
@@ -439,17 +509,31 @@ def _comment_run(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
         (art / "perfguard-comment.md").write_text("### perfguard: NVIDIA L4\n\n**1 regressed of 1 cases**\n")
     log = tmp_path / "gh.log"
     log.write_text("")
-    for key, value in {"FAKE_GH_LOG": str(log), "FAKE_GH_ARTIFACT": str(art), "FAKE_GH_PR_HEAD": pr_head,
-                       "FAKE_GH_COMMENT_ID": comment_id}.items():
+    for key, value in {
+        "FAKE_GH_LOG": str(log),
+        "FAKE_GH_ARTIFACT": str(art),
+        "FAKE_GH_PR_HEAD": pr_head,
+        "FAKE_GH_COMMENT_ID": comment_id,
+    }.items():
         monkeypatch.setenv(key, value)
-    proc = _run_act(repo, tmp_path, "workflow_run", COMMENT_WF, "-e", str(_run_event(tmp_path, event=event)),
-                    "-v", timeout=120, path_first=fake_bin)
+    proc = _run_act(
+        repo,
+        tmp_path,
+        "workflow_run",
+        COMMENT_WF,
+        "-e",
+        str(_run_event(tmp_path, event=event)),
+        "-v",
+        timeout=120,
+        path_first=fake_bin,
+    )
     return proc, log.read_text().splitlines(), Path(f"{log}.body")
 
 
 @needs_act
-def test_comment_workflow_posts_then_updates_one_comment(repo_copy: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_comment_workflow_posts_then_updates_one_comment(
+    repo_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     proc, calls, body = _comment_run(repo_copy, tmp_path, monkeypatch)
     assert proc.returncode == 0, _act_output(proc)
     assert f"run download 4242 --repo {FAKE_REPO} --name perfguard-pr" in calls[0], calls
@@ -465,8 +549,9 @@ def test_comment_workflow_posts_then_updates_one_comment(repo_copy: Path, tmp_pa
 
 
 @needs_act
-def test_comment_workflow_treats_the_artifact_as_untrusted(repo_copy: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_comment_workflow_treats_the_artifact_as_untrusted(
+    repo_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A PR number that is not digits fails; a number of another PR (its head is not the measured commit)
     gets no comment; a run without the artifact (GPU job skipped) posts nothing and passes."""
     proc, calls, _ = _comment_run(repo_copy, tmp_path, monkeypatch, pr="7; touch pwned")
@@ -486,8 +571,9 @@ def test_comment_workflow_treats_the_artifact_as_untrusted(repo_copy: Path, tmp_
 
 
 @needs_act
-def test_comment_workflow_skips_runs_that_are_not_pull_requests(repo_copy: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_comment_workflow_skips_runs_that_are_not_pull_requests(
+    repo_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     proc, calls, _ = _comment_run(repo_copy, tmp_path, monkeypatch, event="push")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, _act_output(proc)

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 pytest_plugins = ["pytester"]
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sticky errors and OOM are GPU faults)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (sticky errors and OOM are GPU faults)"
+)
 
-SUITE = '''
+SUITE = """
 import pytest
 import torch
 from pytest_perfguard import perf_case
@@ -37,15 +39,23 @@ def huge(x):
 @pytest.mark.parametrize("n", [4096])
 def test_double(n, perfguard_device):
     return (torch.randn(n, device=perfguard_device),), {}
-'''
+"""
 
 
 def test_oom_and_sticky_error_on_a_real_gpu(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     (pytester.path / ".ci" / "baselines").mkdir(parents=True)
     result = pytester.runpytest_subprocess(
-        "-p", "no:xdist", "-p", "no:cacheprovider", "-rs", "--perfguard-update-baseline",
-        "--perfguard-json", "r.json", "--perfguard-case-budget", "1",
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "--perfguard-update-baseline",
+        "--perfguard-json",
+        "r.json",
+        "--perfguard-case-budget",
+        "1",
     )
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["*b_oom: CUDA out of memory in correctness check (inputs float32[[]4096[]])*"])
@@ -63,11 +73,19 @@ def test_oom_and_sticky_error_on_a_real_gpu(pytester: pytest.Pytester) -> None:
 def test_under_xdist_the_poisoned_worker_is_replaced_and_the_rest_is_judged(pytester: pytest.Pytester) -> None:
     """Two workers on the GPU: the worker whose case trips a device-side assert exits after reporting it,
     and xdist's fresh worker (a new CUDA context) runs the cases that were queued behind it."""
-    pytester.makepyfile(test_suite=SUITE.replace('"b_oom": huge, ', "").replace('[4096]', '[4096, 8192, 16384]'))
+    pytester.makepyfile(test_suite=SUITE.replace('"b_oom": huge, ', "").replace("[4096]", "[4096, 8192, 16384]"))
     (pytester.path / ".ci" / "baselines").mkdir(parents=True)
     result = pytester.runpytest_subprocess(
-        "-n", "2", "-p", "no:cacheprovider", "-rs", "--perfguard", "--perfguard-json", "r.json",
-        "--perfguard-case-budget", "1",
+        "-n",
+        "2",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "--perfguard",
+        "--perfguard-json",
+        "r.json",
+        "--perfguard-case-budget",
+        "1",
     )
     out = result.stdout.str()
     result.assert_outcomes(passed=6, failed=3)
@@ -76,4 +94,6 @@ def test_under_xdist_the_poisoned_worker_is_replaced_and_the_rest_is_judged(pyte
     assert "not run" not in out and "crashed while running" not in out and "regressed" not in out
     doc = json.loads((pytester.path / "r.json").read_text())
     outcomes = sorted((r["variant"], r["outcome"]) for r in doc["results"])
-    assert outcomes == sorted([(v, "passed") for v in ("a_good", "d_after") for _ in range(3)] + [("c_sticky", "failed")] * 3)
+    assert outcomes == sorted(
+        [(v, "passed") for v in ("a_good", "d_after") for _ in range(3)] + [("c_sticky", "failed")] * 3
+    )

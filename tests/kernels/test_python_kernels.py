@@ -37,7 +37,8 @@ Case = tuple[int, int, int, int, bool, torch.dtype]
 CASES: list[Case] = [
     (b, 2, s, d, causal, dtype)
     for b, s, d, causal, dtype in itertools.product(
-        (1, 2), (1, 16, 113, 128), (64, 128), (False, True), (torch.float16, torch.bfloat16))
+        (1, 2), (1, 16, 113, 128), (64, 128), (False, True), (torch.float16, torch.bfloat16)
+    )
 ]
 
 
@@ -49,8 +50,9 @@ def case_id(case: Case) -> str:
 def make_inputs(case: Case, seed: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, h, s, d, _, dtype = case
     gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(b, h, s, d, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
-                 for _ in range(3))  # type: ignore[return-value]
+    return tuple(
+        torch.randn(b, h, s, d, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) for _ in range(3)
+    )  # type: ignore[return-value]
 
 
 _ORACLES: dict[tuple[Case, int, str], tuple[torch.Tensor, float]] = {}
@@ -74,14 +76,17 @@ def check_output(case: Case, seed: int, out: Any, label: str, device: str = "cpu
     *_, dtype = case
     b, h, s, d = case[:4]
     assert isinstance(out, torch.Tensor), f"{label}: returned {type(out).__name__}, not a torch.Tensor"
-    assert out.shape == (b, h, s, d) and out.dtype == dtype, \
+    assert out.shape == (b, h, s, d) and out.dtype == dtype, (
         f"{label}: got {tuple(out.shape)} {out.dtype}, expected {(b, h, s, d)} {dtype}"
+    )
     assert torch.isfinite(out).all(), f"{label}: non-finite output (seed {seed})"
     oracle, native_err = _oracle(case, seed, device)
     err = (out.to(oracle.device).double() - oracle).abs().max().item()
     bound = 2 * native_err + EPS[dtype]
-    assert err <= bound, (f"{label} {case_id(case)}: max abs error {err:.3g} > bound {bound:.3g} "
-                          f"(native path error {native_err:.3g}, seed {seed})")
+    assert err <= bound, (
+        f"{label} {case_id(case)}: max abs error {err:.3g} > bound {bound:.3g} "
+        f"(native path error {native_err:.3g}, seed {seed})"
+    )
     return err
 
 
@@ -155,8 +160,12 @@ _CHILD = textwrap.dedent("""
 def _triton_key(case: Case, config: Cfg) -> str:
     if not config:
         return case_id(case)
-    return (case_id(case) + f"-cfg{'x'.join(map(str, config[:4]))}" + ("-tma" if config[4] else "")
-            + ("-lazy" if config[5] else ""))
+    return (
+        case_id(case)
+        + f"-cfg{'x'.join(map(str, config[:4]))}"
+        + ("-tma" if config[4] else "")
+        + ("-lazy" if config[5] else "")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +180,14 @@ def triton_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[
         "cases": {_triton_key(c, cfg): [*c[:5], str(c[5]).removeprefix("torch."), cfg] for c, cfg in cases},
     }
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(REPO_ROOT), json.dumps(spec)],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(REPO_ROOT), json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, f"interpreter run failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     status = json.loads(proc.stdout.strip().splitlines()[-1])
     if "unavailable" in status:
@@ -181,10 +196,14 @@ def triton_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("case", "config"), [(c, None) for c in CASES] + EXTRA,
-                         ids=lambda x: case_id(x) if isinstance(x, tuple) and len(x) == 6 else str(x))
+@pytest.mark.parametrize(
+    ("case", "config"),
+    [(c, None) for c in CASES] + EXTRA,
+    ids=lambda x: case_id(x) if isinstance(x, tuple) and len(x) == 6 else str(x),
+)
 def test_triton_flash_interpreter_matches_float64(
-        triton_outputs: dict[str, tuple[torch.Tensor, bool]], case: Case, config: Cfg) -> None:
+    triton_outputs: dict[str, tuple[torch.Tensor, bool]], case: Case, config: Cfg
+) -> None:
     out, untouched = triton_outputs[_triton_key(case, config)]
     assert untouched, "triton_flash modified its inputs"
     err = check_output(case, SEED, out, f"triton_flash(config={config})")
@@ -224,8 +243,14 @@ def test_triton_flash_interpreter_rescales_growing_scores() -> None:
     """Lazy rescaling must still be exact when the row max keeps growing (ramped q and k)."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-c", _RAMP_CHILD, str(REPO_ROOT), str(SEED)],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RAMP_CHILD, str(REPO_ROOT), str(SEED)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, f"interpreter run failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     status = json.loads(proc.stdout.strip().splitlines()[-1])
     if "unavailable" in status:
@@ -240,7 +265,8 @@ def test_triton_flash_interpreter_rescales_growing_scores() -> None:
 GPU_CASES: list[Case] = [
     (b, 2, s, d, causal, dtype)
     for dtype, d, s, causal, b in itertools.product(
-        (torch.float16, torch.bfloat16), (64, 128), (1, 16, 113, 128, 239, 1023), (False, True), (1, 2))
+        (torch.float16, torch.bfloat16), (64, 128), (1, 16, 113, 128, 239, 1023), (False, True), (1, 2)
+    )
 ] + [(1, 2, 113, 64, True, torch.float32), (2, 2, 239, 128, False, torch.float32)]
 
 
@@ -268,6 +294,7 @@ def test_variants_on_cuda_match_float64(name: str, case: Case) -> None:
 
 
 # --- API behaviour -------------------------------------------------------------------------------------------
+
 
 def test_sdpa_backend_reports_a_cpu_backend() -> None:
     q, k, v = make_inputs((1, 2, 16, 64, True, torch.float32), SEED)

@@ -127,9 +127,7 @@ def test_missing_file_is_empty_baseline(tmp_path: Path) -> None:
 def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "dev.json"
     e1, e2 = entry(), entry("t.py::b", 1.5e6, ratio=None, ratio_ci=None, workload="")
-    write_baseline(
-        BaselineFile(path=path, exists=False, device=dict(DEVICE), cases={CASE: e1, e2.case_id: e2})
-    )
+    write_baseline(BaselineFile(path=path, exists=False, device=dict(DEVICE), cases={CASE: e1, e2.case_id: e2}))
     bf = read_baseline(path)
     assert bf.exists
     assert bf.device == DEVICE
@@ -142,9 +140,7 @@ def test_file_format_is_deterministic(tmp_path: Path) -> None:
     e1, e2 = entry(), entry("t.py::z", 700.0)
     write_baseline(BaselineFile(path=a, exists=False, device=dict(DEVICE), cases={CASE: e1, e2.case_id: e2}))
     reordered_device = dict(reversed(list(DEVICE.items())))
-    write_baseline(
-        BaselineFile(path=b, exists=False, device=reordered_device, cases={e2.case_id: e2, CASE: e1})
-    )
+    write_baseline(BaselineFile(path=b, exists=False, device=reordered_device, cases={e2.case_id: e2, CASE: e1}))
     text = a.read_text()
     assert a.read_bytes() == b.read_bytes()
     assert text.endswith("}\n") and not text.endswith("\n\n")
@@ -561,13 +557,9 @@ def test_write_read_only_folder(tmp_path: Path) -> None:
 def test_write_refuses_invalid_entries(tmp_path: Path) -> None:
     path = tmp_path / "dev.json"
     with pytest.raises(BaselineError, match="JSON cannot hold"):
-        write_baseline(
-            BaselineFile(path=path, exists=False, device=dict(DEVICE), cases={CASE: entry(noise=math.nan)})
-        )
+        write_baseline(BaselineFile(path=path, exists=False, device=dict(DEVICE), cases={CASE: entry(noise=math.nan)}))
     with pytest.raises(BaselineError, match="must be positive"):
-        write_baseline(
-            BaselineFile(path=path, exists=False, device=dict(DEVICE), cases={CASE: entry(median=-5.0)})
-        )
+        write_baseline(BaselineFile(path=path, exists=False, device=dict(DEVICE), cases={CASE: entry(median=-5.0)}))
     assert not path.exists()
 
 
@@ -611,7 +603,13 @@ def test_stored_time_and_ratio_are_the_geometric_mean_of_the_runs(tmp_path: Path
     path = tmp_path / "dev.json"
     times = [1000.0, 1030.0, 990.0, 1010.0]
     for i, t in enumerate(times):
-        update_baseline(path, DEVICE, {"a": entry("a", t, noise=0.002, ratio=1.0 + i / 100, ratio_ci=None)}, noise_floor=0.001, change_threshold=0.05)
+        update_baseline(
+            path,
+            DEVICE,
+            {"a": entry("a", t, noise=0.002, ratio=1.0 + i / 100, ratio_ci=None)},
+            noise_floor=0.001,
+            change_threshold=0.05,
+        )
     stored = read_baseline(path).cases["a"]
     geo = math.exp(sum(math.log(t) for t in times) / len(times))
     assert stored.runs == 4 and stored.median_ns == pytest.approx(geo, rel=1e-12)
@@ -640,9 +638,7 @@ def test_workload_or_env_change_resets_noise(tmp_path: Path, change: dict[str, A
     update_baseline(path, DEVICE, {"a": entry("a", 1000.0, noise=0.01)}, noise_floor=0.001)
     update_baseline(path, DEVICE, {"a": entry("a", 1100.0, noise=0.01)}, noise_floor=0.001)
     assert read_baseline(path).cases["a"].runs == 2
-    summary = update_baseline(
-        path, DEVICE, {"a": entry("a", 2000.0, noise=0.002, **change)}, noise_floor=0.003
-    )
+    summary = update_baseline(path, DEVICE, {"a": entry("a", 2000.0, noise=0.002, **change)}, noise_floor=0.003)
     assert summary.reset == ["a"]
     stored = read_baseline(path).cases["a"]
     assert (stored.runs, stored.noise, stored.median_ns) == (1, 0.003, 2000.0)
@@ -830,5 +826,7 @@ def test_a_move_within_the_guards_own_threshold_is_noise_not_a_new_kernel(tmp_pa
     # Without noise_k the margin alone decides, as before.
     path2 = tmp_path / "dev2.json"
     update_baseline(path2, DEVICE, {"a": entry("a", 10_000.0, noise=0.02)}, noise_floor=0.005, change_threshold=0.05)
-    again = update_baseline(path2, DEVICE, {"a": entry("a", 10_600.0, noise=0.02)}, noise_floor=0.005, change_threshold=0.05)
+    again = update_baseline(
+        path2, DEVICE, {"a": entry("a", 10_600.0, noise=0.02)}, noise_floor=0.005, change_threshold=0.05
+    )
     assert again.reset == ["a"]

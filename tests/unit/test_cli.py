@@ -136,10 +136,7 @@ def test_show_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = make_baseline(tmp_path / "nvidia-h100-80gb-hbm3.json")
     status, out, err = run(capsys, "show", str(path))
     assert status == 0, err
-    assert (
-        "device: NVIDIA H100 80GB HBM3 (capability 9.0, kind cuda, sdpa_backend flash, torch 2.11.0+cu130)"
-        in out
-    )
+    assert "device: NVIDIA H100 80GB HBM3 (capability 9.0, kind cuda, sdpa_backend flash, torch 2.11.0+cu130)" in out
     assert CASE in out
     assert "9.123 µs [9.101, 9.151]" in out
     assert "1.020 [1.010, 1.030]" in out
@@ -283,9 +280,7 @@ def test_compare_flags_env_difference(tmp_path: Path, capsys: pytest.CaptureFixt
         ),
     ],
 )
-def test_compare_bad_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str
-) -> None:
+def test_compare_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str) -> None:
     a = make_results(tmp_path / "a.json", [record("x", 1.0)])
     bad = tmp_path / "bad.json"
     bad.write_text(content)
@@ -324,9 +319,7 @@ def test_read_results_validates_records(tmp_path: Path, change: dict[str, Any], 
     assert needle in str(info.value) and str(path) in str(info.value)
 
 
-def test_read_results_skipped_record_has_few_fields(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_read_results_skipped_record_has_few_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     skipped = {"id": "x", "variant": "triton", "outcome": "skipped", "reasons": ["needs CUDA"]}
     path = make_results(tmp_path / "r.json", [skipped, record("y", 1000.0)])
     results = read_results(path)
@@ -343,9 +336,7 @@ def test_read_results_duplicate_id_and_extras(tmp_path: Path) -> None:
     path = make_results(tmp_path / "r.json", [record("x", 1.0), record("x", 2.0)])
     with pytest.raises(ResultsError, match="'x' appears twice"):
         read_results(path)
-    path = make_results(
-        tmp_path / "r.json", [record("x", 1.0, env={"a": "b"}, correctness={"max_err": 0.001})]
-    )
+    path = make_results(tmp_path / "r.json", [record("x", 1.0, env={"a": "b"}, correctness={"max_err": 0.001})])
     results = read_results(path)
     assert results.results[0].env == {"a": "b"}
     assert results.results[0].correctness == {"max_err": 0.001}
@@ -356,9 +347,7 @@ def test_read_results_duplicate_id_and_extras(tmp_path: Path) -> None:
 
 def test_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "nvidia-l4.json"
-    path.write_text(
-        json.dumps({"schema_version": 0, "device": "NVIDIA L4", "cases": {"t.py::a": {"median_us": 47}}})
-    )
+    path.write_text(json.dumps({"schema_version": 0, "device": "NVIDIA L4", "cases": {"t.py::a": {"median_us": 47}}}))
     status, out, _ = run(capsys, "migrate", str(path))
     assert status == 0 and "migrated from schema 0 to 1" in out
     assert json.loads(path.read_text())["schema_version"] == 1

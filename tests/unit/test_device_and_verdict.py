@@ -74,7 +74,11 @@ def test_the_session_that_started_a_confirmation_is_not_foreign_load(monkeypatch
     import sys
 
     # A child that starts a grandchild, as a worker starts a confirmation process.
-    spawn = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); print(p.pid, flush=True); time.sleep(30)"
+    spawn = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+        "print(p.pid, flush=True); time.sleep(30)"
+    )
     child = subprocess.Popen([sys.executable, "-c", spawn], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
@@ -92,9 +96,18 @@ def test_the_session_that_started_a_confirmation_is_not_foreign_load(monkeypatch
 
 def _entry(median: float = 1000.0, ratio: float = 1.0, backend: str = "flash") -> BaselineEntry:
     return BaselineEntry(
-        case_id="t::c[x]", workload="w", workload_desc="float16[1]", env={"name": "GPU", "against_backend": backend},
-        median_ns=median, ci_ns=(median * 0.999, median * 1.001), ratio=ratio, ratio_ci=(ratio * 0.999, ratio * 1.001),
-        noise=0.005, runs=3, blocks=12, updated="2026-11-21",
+        case_id="t::c[x]",
+        workload="w",
+        workload_desc="float16[1]",
+        env={"name": "GPU", "against_backend": backend},
+        median_ns=median,
+        ci_ns=(median * 0.999, median * 1.001),
+        ratio=ratio,
+        ratio_ci=(ratio * 0.999, ratio * 1.001),
+        noise=0.005,
+        runs=3,
+        blocks=12,
+        updated="2026-11-21",
     )
 
 
@@ -121,8 +134,16 @@ def test_sdpa_backend_change_is_not_comparable_with_the_command_to_rebaseline() 
     stored = _entry(backend="flash")
     why = incomparable(stored.env, {"name": "GPU", "against_backend": "cudnn"})
     assert why == ["SDPA backend flash \u2192 cudnn"]
-    v = vd.decide(_blocks(2000.0), _blocks(1000.0, seed=2), stored, workload="w", env={}, policy=vd.Policy(),
-                  max_ratio=None, incomparable=why)
+    v = vd.decide(
+        _blocks(2000.0),
+        _blocks(1000.0, seed=2),
+        stored,
+        workload="w",
+        env={},
+        policy=vd.Policy(),
+        max_ratio=None,
+        incomparable=why,
+    )
     assert v.status == vd.NOT_COMPARABLE
     assert "not comparable: SDPA backend flash \u2192 cudnn" in v.gates[0].reason
     assert "--perfguard-update-baseline" in v.gates[0].reason
@@ -130,11 +151,21 @@ def test_sdpa_backend_change_is_not_comparable_with_the_command_to_rebaseline() 
 
 def test_disturbed_measurement_is_inconclusive_not_a_regression() -> None:
     stored = _entry()
-    slow = vd.decide(_blocks(1500.0), None, stored, workload="w", env={}, policy=vd.Policy(), max_ratio=None,
-                     incomparable=[])
+    slow = vd.decide(
+        _blocks(1500.0), None, stored, workload="w", env={}, policy=vd.Policy(), max_ratio=None, incomparable=[]
+    )
     assert slow.status == vd.REGRESSED
-    disturbed = vd.decide(_blocks(1500.0), None, stored, workload="w", env={}, policy=vd.Policy(), max_ratio=None,
-                          incomparable=[], disturbances=["GPU 0 throttled (HW slowdown) during timing"])
+    disturbed = vd.decide(
+        _blocks(1500.0),
+        None,
+        stored,
+        workload="w",
+        env={},
+        policy=vd.Policy(),
+        max_ratio=None,
+        incomparable=[],
+        disturbances=["GPU 0 throttled (HW slowdown) during timing"],
+    )
     assert disturbed.status == vd.INCONCLUSIVE
 
 
@@ -194,8 +225,9 @@ def test_mde_is_none_without_a_baseline_or_a_bounded_interval() -> None:
     assert vd.minimum_detectable_effect(Interval(0.0, -math.inf, math.inf, 0.95, 2), TAU, 0.01, 3) is None
     with pytest.raises(ValueError, match="power"):
         vd.minimum_detectable_effect(_dec(0.02), TAU, 0.01, 3, power=1.0)
-    v = vd.decide(_blocks(1000.0), None, None, workload="w", env={}, policy=vd.Policy(), max_ratio=None,
-                  incomparable=[])
+    v = vd.decide(
+        _blocks(1000.0), None, None, workload="w", env={}, policy=vd.Policy(), max_ratio=None, incomparable=[]
+    )
     assert v.gates[0].mde is None and v.gates[0].to_json()["mde"] is None
 
 
@@ -203,8 +235,7 @@ def test_decide_sets_the_mde_of_the_baseline_and_ratio_gates() -> None:
     stored = _entry()
     args = (_blocks(1000.0), _blocks(1000.0, seed=2), stored)
     plain = vd.decide(*args, workload="w", env={}, policy=vd.Policy(), max_ratio=2.0, incomparable=[])
-    confirmed = vd.decide(*args, workload="w", env={}, policy=vd.Policy(confirm=True), max_ratio=2.0,
-                          incomparable=[])
+    confirmed = vd.decide(*args, workload="w", env={}, policy=vd.Policy(confirm=True), max_ratio=2.0, incomparable=[])
     mdes = {g.name: g.mde for g in plain.gates}
     assert set(mdes) == {"baseline", "ratio", "max_ratio"} and mdes["max_ratio"] is None
     for name in ("baseline", "ratio"):
@@ -216,8 +247,11 @@ def test_decide_sets_the_mde_of_the_baseline_and_ratio_gates() -> None:
 
 def test_the_case_mde_is_its_best_gate_unless_the_variant_is_its_own_reference() -> None:
     def gates(baseline: float | None, ratio: float | None) -> list[vd.Gate]:
-        return [vd.Gate("baseline", vd.PASS, mde=baseline), vd.Gate("ratio", vd.PASS, mde=ratio),
-                vd.Gate("max_ratio", vd.PASS)]
+        return [
+            vd.Gate("baseline", vd.PASS, mde=baseline),
+            vd.Gate("ratio", vd.PASS, mde=ratio),
+            vd.Gate("max_ratio", vd.PASS),
+        ]
 
     assert vd.case_mde(gates(0.11, 0.068), variant_is_against=False) == 0.068
     assert vd.case_mde(gates(0.063, 0.07), variant_is_against=False) == 0.063

@@ -90,9 +90,7 @@ def test_diff_table_shows_head_base_and_change() -> None:
     text = ex.diff_table(ex.parse_ncu_csv(HEAD), ex.parse_ncu_csv(BASE))
     lines = {line.split("  ")[0]: line for line in text.splitlines()}
     assert text.startswith("kernel 1 of 1: flash_fwd_kernel<128, 64, true>\n")
-    assert (
-        "1.04 ms" in lines["duration"] and "958.40 us" in lines["duration"] and "+8.7%" in lines["duration"]
-    )
+    assert "1.04 ms" in lines["duration"] and "958.40 us" in lines["duration"] and "+8.7%" in lines["duration"]
     assert "1.755 GHz" in lines["SM clock"] and "-11.4%" in lines["SM clock"]
     assert lines["registers / thread"].split()[-1] == "+40"
     assert lines["local loads (spills)"].split()[-2:] == ["was", "0"]
@@ -110,9 +108,7 @@ def test_kernels_pair_by_name_when_launch_counts_differ() -> None:
     assert "total duration of 2 head / 1 base kernel launches" in text
 
 
-def test_without_ncu_it_says_what_it_needs(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_without_ncu_it_says_what_it_needs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", "")
     assert main(["explain", "-k", "test_x", "--against", "HEAD~1"]) == 2
     err = capsys.readouterr().err
@@ -160,9 +156,7 @@ def test_explain_runs_ncu_at_head_and_in_the_base_tree(
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     ncu = bin_dir / "ncu"
-    ncu.write_text(
-        FAKE_NCU.format(python=sys.executable, head=tmp_path / "head.csv", base=tmp_path / "base.csv")
-    )
+    ncu.write_text(FAKE_NCU.format(python=sys.executable, head=tmp_path / "head.csv", base=tmp_path / "base.csv"))
     ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PERFGUARD_CACHE_DIR", str(tmp_path / "cache"))

@@ -55,19 +55,13 @@ def record(case_id: str, median: float | None, **changes: Any) -> dict[str, Any]
     return out
 
 
-def results(
-    path: Path, median: float, device: dict[str, Any] | None = None, other: float | None = 5e4
-) -> Path:
+def results(path: Path, median: float, device: dict[str, Any] | None = None, other: float | None = 5e4) -> Path:
     recs = [record(CASE, median), record(OTHER, other), record("t.py::skipped", None, outcome="skipped")]
     return make_results(path, recs, device or DEVICE)
 
 
-def add(
-    capsys: pytest.CaptureFixture[str], hist: Path, res: Path, sha: str, when: str
-) -> tuple[int, str, str]:
-    return run(
-        capsys, "history", "add", str(res), "--history", str(hist), "--sha", sha, "--commit-time", when
-    )
+def add(capsys: pytest.CaptureFixture[str], hist: Path, res: Path, sha: str, when: str) -> tuple[int, str, str]:
+    return run(capsys, "history", "add", str(res), "--history", str(hist), "--sha", sha, "--commit-time", when)
 
 
 # ------------------------------------------------------------------------------------------------ store
@@ -135,9 +129,7 @@ def test_commit_defaults_from_git_and_a_clear_error_outside_a_repository(
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     status, _, err = run(capsys, "history", "add", str(tmp_path / "r.json"), "--history", "h.sqlite")
     assert status == 1 and "not in a git repository" in err and "--sha SHA --commit-time ISO" in err
-    status, _, err = run(
-        capsys, "history", "add", str(tmp_path / "r.json"), "--history", "h.sqlite", "--sha", "abc"
-    )
+    status, _, err = run(capsys, "history", "add", str(tmp_path / "r.json"), "--history", "h.sqlite", "--sha", "abc")
     assert status == 1 and "pass --commit-time" in err
     assert not (outside / "h.sqlite").exists()
 
@@ -179,9 +171,7 @@ def test_newer_schema_and_foreign_sqlite_are_refused_untouched(
     assert foreign.read_bytes() == before
 
 
-def test_missing_history_and_unknown_case_say_what_to_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_missing_history_and_unknown_case_say_what_to_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hist = tmp_path / "h.sqlite"
     status, _, err = run(capsys, "history", "show", "--history", str(hist))
     assert status == 1 and "perfguard history add RESULTS" in err
@@ -272,9 +262,7 @@ def device_pools() -> list[np.ndarray]:
 def test_planted_changes_are_found_where_they_were_planted(
     device_pools: list[np.ndarray], name: str, max_missed: int
 ) -> None:
-    score = simulate(
-        CLASSES["device"], scenarios()[name], n_series=40, seed=11, max_pvalue=1e-4, pools=device_pools
-    )
+    score = simulate(CLASSES["device"], scenarios()[name], n_series=40, seed=11, max_pvalue=1e-4, pools=device_pools)
     assert score.planted == 40
     assert score.missed <= max_missed, score
     assert score.false <= 2, score
@@ -283,9 +271,7 @@ def test_planted_changes_are_found_where_they_were_planted(
 
 
 def test_pure_noise_is_mostly_clean(device_pools: list[np.ndarray]) -> None:
-    score = simulate(
-        CLASSES["device"], scenarios()["noise"], n_series=60, seed=12, max_pvalue=1e-4, pools=device_pools
-    )
+    score = simulate(CLASSES["device"], scenarios()["noise"], n_series=60, seed=12, max_pvalue=1e-4, pools=device_pools)
     assert score.false <= 1, score
 
 

@@ -55,9 +55,7 @@ H200 = Peak(989.4, 67.0, 4800.0, "test")
 def test_the_physics_check_rejects_the_impossible_only() -> None:
     assert impossible_speed(H200, tflops=900.0, gbps=4000.0) is None
     msg = impossible_speed(H200, tflops=5600.0, gbps=None)
-    assert (
-        msg == "impossible speed: 5600 TFLOP/s exceeds this GPU's peak 989.4: the timer does not see the work"
-    )
+    assert msg == "impossible speed: 5600 TFLOP/s exceeds this GPU's peak 989.4: the timer does not see the work"
     msg = impossible_speed(H200, tflops=None, gbps=9000.0)
     assert msg == "impossible speed: 9000 GB/s exceeds this GPU's peak 4800: the timer does not see the work"
 
@@ -109,9 +107,7 @@ def _inputs(seed: int) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
     return tuple(torch.randn(1, 2, 8, 4, generator=g, dtype=torch.float64) for _ in range(3)), {}
 
 
-def _sample(
-    fn: object, inputs: tuple[tuple[torch.Tensor, ...], dict[str, object]], outputs: dict[int, object]
-):  # type: ignore[no-untyped-def]
+def _sample(fn: object, inputs: tuple[tuple[torch.Tensor, ...], dict[str, object]], outputs: dict[int, object]):  # type: ignore[no-untyped-def]
     def run() -> None:
         outputs[0] = fn(*inputs[0])  # type: ignore[operator]
 
@@ -135,12 +131,8 @@ def test_a_cache_keyed_by_pointer_fails_the_replay_on_new_values() -> None:
 
     inputs = _inputs(1)
     outputs: dict[int, object] = {0: cached(*inputs[0])}
-    msg = integrity.timed_outputs(
-        outputs, _sample(cached, inputs, outputs), inputs, _inputs(2), _attn, [], seed=2
-    )
-    assert msg is not None and msg.startswith(
-        "timed output wrong: a replay of the timed calls on new input values"
-    )
+    msg = integrity.timed_outputs(outputs, _sample(cached, inputs, outputs), inputs, _inputs(2), _attn, [], seed=2)
+    assert msg is not None and msg.startswith("timed output wrong: a replay of the timed calls on new input values")
 
 
 def test_a_wrong_last_timed_output_and_a_mutation_while_timed_are_named() -> None:
@@ -156,9 +148,7 @@ def test_a_wrong_last_timed_output_and_a_mutation_while_timed_are_named() -> Non
         return out
 
     outputs: dict[int, object] = {0: _attn(*inputs[0])}
-    msg = integrity.timed_outputs(
-        outputs, _sample(scaling, inputs, outputs), inputs, _inputs(2), _attn, [], seed=2
-    )
+    msg = integrity.timed_outputs(outputs, _sample(scaling, inputs, outputs), inputs, _inputs(2), _attn, [], seed=2)
     assert msg == "input mutation: the timed calls modified input arg0 in place (seed 2)"
 
 
@@ -174,9 +164,7 @@ def test_degenerate_inputs_are_refused() -> None:
 
 def test_a_declared_kernel_that_runs_sdpa_is_a_silent_fallback() -> None:
     q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
-    names = integrity.profiled_names(
-        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), cuda=False
-    )
+    names = integrity.profiled_names(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), cuda=False)
     msg = integrity.forbidden_kernel(names, ["scaled_dot_product"])
     assert msg is not None and msg.startswith("silent fallback: the variant ran aten::")
     honest = integrity.profiled_names(lambda: _attn(q, k, v), cuda=False)

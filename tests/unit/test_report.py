@@ -84,9 +84,7 @@ def test_markdown_puts_attention_first_then_a_folded_table_then_a_chart(doc: dic
     assert attention < table < chart
     rows = [line for line in text[attention:table].splitlines() if line.startswith("| **")]
     assert (
-        len(rows) == ATTENTION
-        and rows[0].startswith("| **regressed**")
-        and rows[-1].startswith("| **inconclusive**")
+        len(rows) == ATTENTION and rows[0].startswith("| **regressed**") and rows[-1].startswith("| **inconclusive**")
     )
     assert "`pytest 'tests/perf/test_attention.py::test_attention_grid[" in rows[0]
     assert "</details>" in text[table:chart]
@@ -110,9 +108,7 @@ def test_mermaid_chart_has_one_line_per_variant_and_a_named_legend(doc: dict[str
     assert "plotColorPalette" in chart
     # The reference is drawn last, in black; the legend names each line with its colour.
     assert "🟦 cuda_scalar · 🟧 triton_flash · ⬛ sdpa" in text
-    assert (
-        'y-axis "log2(time / sdpa)"' in chart
-    )  # cuda_scalar is ~10x sdpa: a linear axis would flatten the rest
+    assert 'y-axis "log2(time / sdpa)"' in chart  # cuda_scalar is ~10x sdpa: a linear axis would flatten the rest
 
 
 def test_markdown_escapes_table_cells_and_fits_a_comment(doc: dict[str, Any]) -> None:
@@ -136,9 +132,7 @@ def test_markdown_of_a_run_with_only_skips_says_so() -> None:
         "outcome": "skipped",
         "reasons": ["needs a CUDA GPU"],
     }
-    text = markdown_summary(
-        {"kind": "perfguard-results", "schema_version": 1, "device": device, "results": [skipped]}
-    )
+    text = markdown_summary({"kind": "perfguard-results", "schema_version": 1, "device": device, "results": [skipped]})
     assert "No case failed and none was inconclusive." in text
     assert "1 skipped of 1 cases" in text
     assert "```mermaid" not in text  # nothing was timed: no chart
@@ -157,9 +151,7 @@ def test_html_is_self_contained_with_summary_cases_and_figures(doc: dict[str, An
     assert page.startswith("<!DOCTYPE html>")
     assert page.count(get_plotlyjs()) == 1  # plotly.js embedded once
     ours = page.replace(get_plotlyjs(), "")
-    assert not re.search(r"""(src|href)=["']?(https?:)?//""", ours), (
-        "the report must not load anything at view time"
-    )
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", ours), "the report must not load anything at view time"
     assert "<script src" not in ours and "<link" not in ours
     assert "8 regressed" in page and "3 inconclusive" in page and "1 pass" in page
     attention = page.index("Failing and inconclusive cases")
@@ -253,9 +245,7 @@ def test_merge_refuses_bad_input_naming_the_file(
     assert not out.exists()  # nothing half-written
 
 
-def test_an_empty_merge_is_an_error(
-    doc: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_an_empty_merge_is_an_error(doc: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = write(tmp_path / "empty.json", {**doc, "results": []})
     assert main(["merge", str(empty), "-o", str(tmp_path / "out.json")]) == 1
     assert "nothing to merge: " + str(empty) + " hold no results" in capsys.readouterr().err
@@ -290,7 +280,5 @@ def test_the_cli_does_not_import_torch_or_plotly() -> None:
         "import sys; from pytest_perfguard import cli, merge, markdown_report; "
         "cli.build_parser(); print('torch' in sys.modules, 'plotly' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
-    ).stdout
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60).stdout
     assert out.split() == ["False", "False"]

@@ -46,7 +46,12 @@ def test_child_env_round_trips_every_project_setting(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "raw", "problem"),
-    [("margin", "2", "fraction"), ("case_budget", "0", "positive"), ("device", "gpu", "cuda:N"), ("strict", "maybe", "true/false")],
+    [
+        ("margin", "2", "fraction"),
+        ("case_budget", "0", "positive"),
+        ("device", "gpu", "cuda:N"),
+        ("strict", "maybe", "true/false"),
+    ],
 )
 def test_bad_values_say_what_is_expected(name: str, raw: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):

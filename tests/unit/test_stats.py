@@ -26,8 +26,23 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_sam
 # Two-sided 0.05 critical values of the Wilcoxon signed-rank statistic (reject when T <= c), as printed in
 # the standard tables (e.g. Siegel & Castellan, Table J); n = 5 has none.
 TABLE_TWO_SIDED_05 = {
-    6: 0, 7: 2, 8: 3, 9: 5, 10: 8, 11: 10, 12: 13, 13: 17, 14: 21, 15: 25,
-    16: 29, 17: 34, 18: 40, 19: 46, 20: 52, 25: 89, 30: 137,
+    6: 0,
+    7: 2,
+    8: 3,
+    9: 5,
+    10: 8,
+    11: 10,
+    12: 13,
+    13: 17,
+    14: 21,
+    15: 25,
+    16: 29,
+    17: 34,
+    18: 40,
+    19: 46,
+    20: 52,
+    25: 89,
+    30: 137,
 }
 
 

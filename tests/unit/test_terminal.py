@@ -50,7 +50,9 @@ def cpu() -> list[CaseRecord]:
 
 
 @pytest.mark.parametrize("which", ["cpu", "gpu"])
-def test_table_fits_120_columns_with_the_cases_that_need_a_look_first(which: str, request: pytest.FixtureRequest) -> None:
+def test_table_fits_120_columns_with_the_cases_that_need_a_look_first(
+    which: str, request: pytest.FixtureRequest
+) -> None:
     records: list[CaseRecord] = request.getfixturevalue(which)
     lines = terminal_lines(records)
     assert max(len(line) for line in lines) <= WIDTH, [line for line in lines if len(line) > WIDTH]

@@ -54,8 +54,9 @@ def jitter(ns: float, rel_sd: float, seed: int) -> Callable[[], float]:
 def test_stops_on_target_but_not_before_min_blocks() -> None:
     clock = FakeClock()
     cfg = MeasureConfig(target=0.01, budget_s=5.0, min_blocks=12)
-    m = measure(kernel(clock, lambda: 10_000.0), kernel(clock, lambda: 5_000.0), CpuTimer(clock), cfg,
-                rng=random.Random(0))
+    m = measure(
+        kernel(clock, lambda: 10_000.0), kernel(clock, lambda: 5_000.0), CpuTimer(clock), cfg, rng=random.Random(0)
+    )
     assert m.stop_reason == "target"
     assert m.blocks == cfg.min_blocks  # a zero-width interval at block 1 still waits for min_blocks
     assert m.time.estimate == pytest.approx(10_000.0)
@@ -66,8 +67,9 @@ def test_min_time_keeps_measuring_past_a_narrow_interval() -> None:
     """On a GPU the blocks must span some time (clock states), however narrow the interval gets early."""
     clock = FakeClock()
     cfg = MeasureConfig(target=0.01, budget_s=5.0, min_blocks=12, min_time_s=0.05)
-    m = measure(kernel(clock, lambda: 10_000.0), kernel(clock, lambda: 5_000.0), CpuTimer(clock), cfg,
-                rng=random.Random(0))
+    m = measure(
+        kernel(clock, lambda: 10_000.0), kernel(clock, lambda: 5_000.0), CpuTimer(clock), cfg, rng=random.Random(0)
+    )
     assert m.stop_reason == "target"
     assert m.elapsed_s >= cfg.min_time_s
     assert m.blocks > cfg.min_blocks
@@ -76,8 +78,13 @@ def test_min_time_keeps_measuring_past_a_narrow_interval() -> None:
 def test_stops_on_target_with_noise_and_the_interval_is_narrow() -> None:
     clock = FakeClock()
     cfg = MeasureConfig(target=0.01, budget_s=5.0)
-    m = measure(kernel(clock, jitter(20_000.0, 0.05, 1)), kernel(clock, jitter(20_000.0, 0.05, 2)),
-                CpuTimer(clock), cfg, rng=random.Random(1))
+    m = measure(
+        kernel(clock, jitter(20_000.0, 0.05, 1)),
+        kernel(clock, jitter(20_000.0, 0.05, 2)),
+        CpuTimer(clock),
+        cfg,
+        rng=random.Random(1),
+    )
     assert m.stop_reason == "target"
     assert m.blocks >= cfg.min_blocks
     assert relative_half_width(m.log_time) <= cfg.target
@@ -120,7 +127,10 @@ def test_ratio_is_paired_per_block() -> None:
     m = measure(
         kernel(clock, lambda: 2 * round(4_000 * speed[0])),
         kernel(clock, lambda: round(4_000 * speed[0])),
-        CpuTimer(clock), cfg, rng=random.Random(6), on_block=next_block,
+        CpuTimer(clock),
+        cfg,
+        rng=random.Random(6),
+        on_block=next_block,
     )
     assert m.ratio is not None and m.log_ratio is not None
     assert f"{m.ratio.estimate:.3f}" == "2.000"
@@ -176,8 +186,9 @@ def test_copies_override_reps_and_pooling_keeps_all_blocks() -> None:
     clock = FakeClock()
     cfg = MeasureConfig(target=0.01, budget_s=5.0)
     a = measure(kernel(clock, jitter(9_000.0, 0.01, 9)), None, CpuTimer(clock), cfg, rng=random.Random(9))
-    b = measure(kernel(clock, jitter(9_000.0, 0.01, 10)), None, CpuTimer(clock), cfg, copies=a.reps,
-                rng=random.Random(10))
+    b = measure(
+        kernel(clock, jitter(9_000.0, 0.01, 10)), None, CpuTimer(clock), cfg, copies=a.reps, rng=random.Random(10)
+    )
     assert b.reps == a.reps == 23
     p = pooled(a, b, cfg.confidence)
     assert p.blocks == a.blocks + b.blocks
@@ -220,8 +231,15 @@ class RecordedKernels:
         return lambda _i: call
 
     def measure(self, cfg: MeasureConfig, copies: int | None = None) -> Measurement:
-        return measure(self.side(self.factor), self.side(1.0), CpuTimer(self.clock), cfg, copies=copies,
-                       rng=random.Random(int(self.rng.integers(2**32))), on_block=self.next_block)
+        return measure(
+            self.side(self.factor),
+            self.side(1.0),
+            CpuTimer(self.clock),
+            cfg,
+            copies=copies,
+            rng=random.Random(int(self.rng.integers(2**32))),
+            on_block=self.next_block,
+        )
 
 
 CASE = "B16_H8_S512_D64_fp16_causal"
@@ -232,9 +250,18 @@ def stored_entry(m: Measurement) -> BaselineEntry:
     """What an update run stores for this measurement (as the session builds it)."""
     assert m.ratio is not None
     return BaselineEntry(
-        case_id="tests/perf::case", workload="w" * 64, workload_desc="simulated", env={},
-        median_ns=m.time.estimate, ci_ns=(m.time.lo, m.time.hi), ratio=m.ratio.estimate,
-        ratio_ci=(m.ratio.lo, m.ratio.hi), noise=0.003, runs=1, blocks=m.blocks, updated="2026-11-21",
+        case_id="tests/perf::case",
+        workload="w" * 64,
+        workload_desc="simulated",
+        env={},
+        median_ns=m.time.estimate,
+        ci_ns=(m.time.lo, m.time.hi),
+        ratio=m.ratio.estimate,
+        ratio_ci=(m.ratio.lo, m.ratio.hi),
+        noise=0.003,
+        runs=1,
+        blocks=m.blocks,
+        updated="2026-11-21",
     )
 
 
@@ -242,8 +269,17 @@ def judge(fake: RecordedKernels, stored: BaselineEntry) -> tuple[Verdict, Measur
     """decide() plus the runner's rule: regressed or inconclusive is re-measured once and judged pooled."""
 
     def verdict(m: Measurement) -> Verdict:
-        return decide(m.variant_blocks, m.against_blocks, stored, workload="w" * 64, env={},
-                      policy=GPU_POLICY, max_ratio=None, incomparable=[], disturbances=m.notes)
+        return decide(
+            m.variant_blocks,
+            m.against_blocks,
+            stored,
+            workload="w" * 64,
+            env={},
+            policy=GPU_POLICY,
+            max_ratio=None,
+            incomparable=[],
+            disturbances=m.notes,
+        )
 
     m = fake.measure(CFG)
     v = verdict(m)
