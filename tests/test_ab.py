@@ -168,7 +168,7 @@ def test_uncommitted_work_against_head(repo: pytest.Pytester) -> None:
     _write_test(repo, fast=1155, wrong=False, extra=', "newv": timed(1000)', shape=16)  # HEAD's fast is 1050
     result = run(repo, MODES["no-xdist"], "--perfguard-against", "HEAD", "--perfguard-no-confirm", "-k", "test_k")
     result.stdout.fnmatch_lines(["*uncommitted changes against HEAD*", "*time vs base revision +10.0%*"])
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(passed=4, failed=1)  # -k test_k selects the module: test_k's four and test_shape
 
 
 @pytest.mark.slow

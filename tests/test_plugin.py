@@ -673,7 +673,8 @@ def test_progress_on_a_tty_rewrites_one_line_and_clears_it(project: pytest.Pytes
 
     project.makeconftest(CONFTEST.replace("import random", "import random\nimport pytest", 1) + TTY_CONFTEST)
     project.makepyfile(test_k=_case())
-    result = run(project, ["-p", "no:xdist"], "--perfguard", env={"COLUMNS": "120"})
+    # fresh: a subprocess, whose raw output pytester keeps in the file "stdout"
+    result = run(project, ["-p", "no:xdist"], "--perfguard", env={"COLUMNS": "120"}, fresh=True)
     result.assert_outcomes(passed=4)
     out = (project.path / "stdout").read_bytes().decode()  # as written: result.stdout splits lines at \r
     drawn = re.findall(
