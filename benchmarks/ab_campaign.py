@@ -9,17 +9,24 @@ fresh pytest process over `tests/perf` on the GPU:
      (`torch.cuda._sleep`, calibrated on this GPU: the spin's ns per cycle and the floor of one extra
      graph node) for x times the case's time from the first A/A run, and a run `--perfguard-against
      HEAD~1`. A case whose x is below the extra node's floor cannot be planted that small and is left
-     out of that row. The realised slowdown is what the A/B gate measured (its estimate), shown beside.
+     out of that row. The realised slowdown is what the A/B gate measured (its estimate), shown beside;
+  4. with --config-plant, a commit in which triton_flash runs a genuinely slower tile configuration of the
+     same kernel (no extra node, so small cases slow down too), judged against HEAD~1. Its size per case
+     is whatever the kernel does; the summary reports detection against the realised estimate.
 The table prints verdict counts, false alarms, detection by case size (under and over 20 us), and device
 time per verdict against the plain run. Raw results files go to --out (default benchmarks/out/ab/).
 
 Usage (GPU): PYTHONPATH=. python benchmarks/ab_campaign.py --minutes 8 --plant 0.02,0.05
+Several GPUs: one campaign per GPU (CUDA_VISIBLE_DEVICES=i, --out DIR/gi), then
+`python benchmarks/ab_campaign.py --summarize DIR/g0 DIR/g1 ...` re-reads every results file and prints
+the pooled tables, with the A/A false alarms and the planted detection re-judged at other margins.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -58,8 +65,25 @@ def _planted(name, fn):
     return run
 
 
-VARIANTS = {n: Variant(_planted(n, v.fn), requires=v.requires) for n, v in VARIANTS.items()}
+VARIANTS = {
+    n: Variant(_planted(n, v.fn), requires=v.requires, not_kernels=v.not_kernels) for n, v in VARIANTS.items()
+}
 """
+
+CONFIG_PLANT = """
+# planted by benchmarks/ab_campaign.py: triton_flash runs a slower tile configuration of the same kernel
+import functools as _functools
+
+from kernels import triton_flash as _tf
+
+_SLOW = (64, 32, 4, 1)  # half-width key tiles, no software pipelining: the same arithmetic, less overlap
+VARIANTS["triton_flash"] = Variant(
+    _functools.partial(_tf.triton_flash, config=_SLOW),
+    requires=VARIANTS["triton_flash"].requires,
+    not_kernels=VARIANTS["triton_flash"].not_kernels,
+)
+"""
+ANCHOR_END = "}\n\nON_GPU = "
 
 
 def git(repo: Path, *args: str) -> str:
@@ -71,6 +95,17 @@ def git(repo: Path, *args: str) -> str:
         "GIT_COMMITTER_EMAIL": "ab@example.com",
     }
     return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def scratch_repo(prefix: str, subject: str) -> tuple[Path, Path]:
+    """A temporary folder holding a copy of this repository as a new git repository of one commit."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    repo = work / "repo"
+    shutil.copytree(ROOT, repo, ignore=IGNORE)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", subject)
+    return work, repo
 
 
 def _plugin_args() -> list[str]:
@@ -132,122 +167,223 @@ def gate(r: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((g for g in r.get("gates") or [] if g.get("gate") == name), None)
 
 
+def commit_plant(repo: Path, branch: str, code: str, extra: dict[str, str] | None = None) -> None:
+    """A commit on top of the base that appends `code` after the suite's variant table."""
+    git(repo, "checkout", "-q", "-B", branch, "main")
+    test = repo / "tests" / "perf" / "test_attention.py"
+    text = test.read_text()
+    anchor = "\nON_GPU = "
+    assert anchor in text, "the suite's variant table moved: update the plant anchor"
+    test.write_text(text.replace(anchor, code + anchor, 1))
+    for name, content in (extra or {}).items():
+        (test.parent / name).write_text(content)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", branch)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_DIR / "ab")
-    ap.add_argument("--minutes", type=float, default=8.0, help="stop starting A/A runs after this")
+    ap.add_argument("--minutes", type=float, default=8.0, help="start no run that would end after this")
     ap.add_argument("--plant", default="0.02,0.05", help="planted slowdowns, fractions")
+    ap.add_argument("--config-plant", action="store_true", help="also plant a slower triton_flash config")
     ap.add_argument("--aa-runs", type=int, default=0, help="A/A runs (default: as many as the time allows)")
+    ap.add_argument("--no-aa", action="store_true", help="no A/A run: plants are sized from the plain run")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain --perfguard run")
+    ap.add_argument("--summarize", type=Path, nargs="+", metavar="DIR", help="only summarise these folders")
     args = ap.parse_args()
+    if args.summarize:
+        print(summarize(args.summarize))
+        return 0
     deadline = time.monotonic() + args.minutes * 60
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="ab-campaign-"))
-    repo = work / "repo"
-    shutil.copytree(ROOT, repo, ignore=IGNORE)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "base")
+    work, repo = scratch_repo("ab-campaign-", "base")
     os.environ.setdefault("PERFGUARD_CACHE_DIR", str(work / "cache"))
-    rows: list[list[str]] = []
-    walls: dict[str, list[float]] = {"plain": [], "ab": []}
-    verdicts: dict[str, list[float]] = {"plain": [], "ab": []}
-    if not args.no_plain:
-        wall, doc = run_suite(repo, out, "plain", [], out / "plain.log")
-        walls["plain"].append(wall)
-        verdicts["plain"].append(len(timed(doc)))
-    aa_docs = []
-    i = 0
     plants = [float(x) for x in args.plant.split(",") if x]
-    reserve = 150.0 * len(plants)  # seconds kept for the planted runs
-    while (args.aa_runs and i < args.aa_runs) or (not args.aa_runs and time.monotonic() + reserve < deadline):
-        wall, doc = run_suite(repo, out, f"aa_{i}", ["--perfguard-against", "HEAD"], out / f"aa_{i}.log")
-        walls["ab"].append(wall)
-        verdicts["ab"].append(len(timed(doc)))
-        aa_docs.append(doc)
+    last: dict[str, float] = {}  # the wall of the last run of each kind, to start no run that cannot finish
+
+    def fits(kind: str, default: float) -> bool:
+        return time.monotonic() + last.get(kind, default) < deadline
+
+    def suite(kind: str, name: str, extra: list[str]) -> dict[str, Any]:
+        wall, doc = run_suite(repo, out, name, extra, out / f"{name}.log")
+        last[kind] = wall
+        (out / f"{name}.wall").write_text(f"{wall:.1f}\n")
+        print(f"{name}: {len(timed(doc))} timed cases in {wall:.0f} s", flush=True)
+        return doc
+
+    reference: dict[tuple[str, str], float] = {}
+    if not args.no_plain:
+        doc = suite("plain", "plain", [])
+        reference = {(r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(doc)}
+    reserve = 200.0 * len(plants) + (200.0 if args.config_plant else 0.0)
+    i = 0
+    while not args.no_aa and (i < args.aa_runs if args.aa_runs else fits("ab", 170.0 + reserve)):
+        doc = suite("ab", f"aa_{i}", ["--perfguard-against", "HEAD"])
+        if not reference:
+            reference = {(r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(doc)}
         i += 1
-        if not args.aa_runs and i >= 1 and time.monotonic() + wall + reserve > deadline:
-            break
-    aa = [r for d in aa_docs for r in timed(d)]
-    counts: dict[str, int] = {}
-    for r in aa:
-        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-    base_false = sum(1 for r in aa if (gate(r, "baseline") or {}).get("status") == "regressed")
-    rows.append(
-        [
-            "A/A",
-            str(len(aa_docs)),
-            str(len(aa)),
-            str(counts.get("regressed", 0)),
-            ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-            f"baseline gate regressed: {base_false}",
-        ]
-    )
-    if plants and aa_docs:
+    if plants and reference:
         ns_per_cycle, floor = calibrate()
-        reference = {(r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(aa_docs[0])}
+        (out / "calibration.json").write_text(json.dumps({"ns_per_cycle": ns_per_cycle, "floor_ns": floor}))
         for x in plants:
+            if not fits("planted", 200.0):
+                print(f"planted {x:g}: skipped, it would end after --minutes", flush=True)
+                continue
             cycles = {}
             for (variant, desc), t in reference.items():
                 extra = x * t - floor
                 if extra > 0:
                     cycles[f"{variant}|{desc}"] = int(extra / ns_per_cycle)
-            git(repo, "checkout", "-q", "-B", f"plant-{x}", "main")
-            test = repo / "tests" / "perf" / "test_attention.py"
-            text = test.read_text()
-            anchor = "VARIANTS = {name: Variant(fn, requires=REQUIRES.get(name)) for name, fn in KERNELS.items()}\n"
-            assert anchor in text, "the suite's variant table moved: update the plant anchor"
-            test.write_text(text.replace(anchor, anchor + PLANT))
-            (test.parent / "planted.json").write_text(json.dumps({"x": x, "cycles": cycles}))
-            git(repo, "add", "-A")
-            git(repo, "commit", "-qm", f"plant {x}")
-            name = f"planted_{x:g}"
-            _, doc = run_suite(repo, out, name, ["--perfguard-against", "HEAD~1"], out / f"{name}.log")
-            planted = [r for r in timed(doc) if f"{r['variant']}|{r['workload_desc']}" in cycles]
-            by_size: dict[str, list[int]] = {"<20us": [0, 0], ">=20us": [0, 0]}
-            realised = []
-            base_caught = 0
-            for r in planted:
-                size = "<20us" if reference.get((r["variant"], r["workload_desc"]), 0) < 20_000 else ">=20us"
-                by_size[size][1] += 1
-                by_size[size][0] += r["verdict"] == "regressed"
-                g = gate(r, "ab")
-                if g and g.get("estimate"):
-                    realised.append(g["estimate"] - 1)
-                base_caught += (gate(r, "baseline") or {}).get("status") == "regressed"
-            med = f"{statistics.median(realised) * 100:+.2f}%" if realised else "-"
-            rows.append(
-                [
-                    f"+{x:.0%} planted",
-                    "1",
-                    str(len(planted)),
-                    ", ".join(f"{k}: {c}/{n}" for k, (c, n) in by_size.items()),
-                    f"realised median {med}; not plantable {len(reference) - len(cycles)}",
-                    f"baseline gate regressed: {base_caught}",
-                ]
+            plan = json.dumps(
+                {"x": x, "cycles": cycles, "reference_ns": {"|".join(k): v for k, v in reference.items()}}
             )
+            commit_plant(repo, f"plant-{x}", PLANT, {"planted.json": plan})
+            (out / f"planted_{x:g}.plan.json").write_text(plan)
+            suite("planted", f"planted_{x:g}", ["--perfguard-against", "HEAD~1"])
             git(repo, "checkout", "-q", "main")
-        rows.append(["spin calibration", "", "", "", f"{ns_per_cycle:.4f} ns/cycle, floor {floor:.0f} ns", ""])
-    per = {k: sum(walls[k]) / max(sum(verdicts[k]), 1) for k in walls if walls[k]}
-    if "plain" in per and "ab" in per:
-        rows.append(
-            [
-                "wall per verdict",
-                "",
-                "",
-                "",
-                f"A/B {per['ab']:.2f} s, plain {per['plain']:.2f} s ({per['ab'] / per['plain']:.2f}x)",
-                "",
-            ]
-        )
-    from tabulate import tabulate
-
-    table = tabulate(rows, headers=["run", "runs", "case verdicts", "regressed / caught", "verdicts", "note"])
+    if args.config_plant and fits("planted", 200.0):
+        commit_plant(repo, "plant-config", CONFIG_PLANT)
+        suite("planted", "config", ["--perfguard-against", "HEAD~1"])
+        git(repo, "checkout", "-q", "main")
+    shutil.rmtree(work, ignore_errors=True)
+    table = summarize([out])
     print(table)
     (out / "summary.txt").write_text(table + "\n")
-    shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+MARGINS = (0.010, 0.015, 0.020)
+
+
+def rejudge(r: dict[str, Any], margin: float) -> str | None:
+    """The A/B verdict of a record at another margin, from its recorded capture-group ratios (the final
+    measurement's; a re-measurement the runner made at the real margin is not replayed)."""
+    ratios = (r.get("ab") or {}).get("group_ratios")
+    if not ratios:
+        return None
+    from pytest_perfguard.verdict import Policy, ab_gate
+
+    return str(ab_gate(ratios, Policy(), margin).status)
+
+
+def summarize(dirs: list[Path]) -> str:
+    """Pooled tables over every results file in these folders (each folder one campaign, one GPU)."""
+    from tabulate import tabulate
+
+    def load(pattern: str) -> list[tuple[Path, dict[str, Any]]]:
+        return [(f, json.loads(f.read_text())) for d in dirs for f in sorted(d.glob(pattern))]
+
+    lines: list[str] = []
+    aa_docs = load("aa_*.json")
+    aa = [r for _, d in aa_docs for r in timed(d)]
+    sizes = {"<20us": lambda r: r["median_ns"] < 20_000, ">=20us": lambda r: r["median_ns"] >= 20_000}
+    rows = []
+    for label, pick in [("all", lambda r: True), *sizes.items()]:
+        rs = [r for r in aa if pick(r)]
+        est = [
+            abs(((gate(r, "ab") or {}).get("estimate") or 1.0) - 1) for r in rs if (gate(r, "ab") or {}).get("estimate")
+        ]
+        counts: dict[str, int] = {}
+        for r in rs:
+            counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+        again = [sum(rejudge(r, m) == "regressed" for r in rs) for m in MARGINS]
+        rows.append(
+            [
+                label,
+                len(rs),
+                counts.get("regressed", 0),
+                ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                f"{max(est) * 100:.2f}%" if est else "-",
+                f"{statistics.median(est) * 100:.2f}%" if est else "-",
+                " / ".join(str(a) for a in again),
+                sum((gate(r, "baseline") or {}).get("status") == "regressed" for r in rs),
+            ]
+        )
+    devices = sorted({str((d.get("device") or {}).get("name", "?")) for _, d in aa_docs})
+    lines.append(f"A/A: {len(aa_docs)} runs on {', '.join(devices) or '-'}")
+    head = ["cases", "verdicts", "regressed", "all verdicts", "max |est|", "median |est|"]
+    head += ["regressed at " + "/".join(f"{m:.1%}" for m in MARGINS), "baseline gate regressed"]
+    lines.append(tabulate(rows, headers=head))
+    signed = [(gate(r, "ab") or {}).get("estimate") for r in aa]
+    logs = [math.log(e) for e in signed if e]
+    if len(logs) > 2:
+        sd = statistics.stdev(logs)
+        lines.append(
+            f"position bias: mean head/base log-estimate {statistics.mean(logs) * 100:+.3f}% "
+            f"(sd {sd * 100:.2f}%, standard error {sd / math.sqrt(len(logs)) * 100:.3f}%, {len(logs)} cases)"
+        )
+    for f, doc in load("planted_*.json") + load("config.json"):
+        if f.name.endswith(".plan.json"):
+            continue
+        lines.append("")
+        lines.append(planted_table(f, doc))
+    walls = {
+        k: [float(p.read_text()) for d in dirs for p in d.glob(pat)]
+        for k, pat in (("plain", "plain.wall"), ("ab", "aa_*.wall"))
+    }
+    n = {k: [len(timed(d)) for _, d in load(pat)] for k, pat in (("plain", "plain.json"), ("ab", "aa_*.json"))}
+    if walls["plain"] and walls["ab"]:
+        per = {k: sum(walls[k]) / max(sum(n[k]), 1) for k in walls}
+        lines.append("")
+        lines.append(
+            f"wall per verdict: A/B {per['ab']:.2f} s, plain {per['plain']:.2f} s ({per['ab'] / per['plain']:.2f}x); "
+            f"measurement time per verdict: A/B {measured(load('aa_*.json')):.2f} s, plain "
+            f"{measured(load('plain.json')):.2f} s"
+        )
+    return "\n".join(lines)
+
+
+def measured(docs: list[tuple[Path, dict[str, Any]]]) -> float:
+    rs = [r for _, d in docs for r in timed(d)]
+    return sum(r.get("elapsed_s") or 0.0 for r in rs) / max(len(rs), 1)
+
+
+def planted_table(f: Path, doc: dict[str, Any]) -> str:
+    """Detection in one planted run, by the case's size and by the realised slowdown (the gate's estimate)."""
+    from tabulate import tabulate
+
+    plan_file = f.with_name(f.stem + ".plan.json")
+    plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
+    rs = timed(doc)
+    if plan is not None:
+        rs = [r for r in rs if f"{r['variant']}|{r['workload_desc']}" in plan["cycles"]]
+    elif f.name == "config.json":
+        rs = [r for r in rs if r["variant"] == "triton_flash"]
+    bins = [("realised < +1%", -1e9, 0.01), ("+1..2%", 0.01, 0.02), ("+2..3%", 0.02, 0.03)]
+    bins += [("+3..5%", 0.03, 0.05), ("+5..10%", 0.05, 0.10), (">= +10%", 0.10, 1e9)]
+    rows = []
+    for size, pick in (("<20us", lambda r: r["median_ns"] < 20_000), (">=20us", lambda r: r["median_ns"] >= 20_000)):
+        for label, lo, hi in bins:
+            sel = [r for r in rs if pick(r) and lo <= ((gate(r, "ab") or {}).get("estimate") or 1.0) - 1 < hi]
+            if not sel:
+                continue
+            caught = [sum(rejudge(r, m) == "regressed" for r in sel) for m in MARGINS]
+            rows.append(
+                [
+                    size,
+                    label,
+                    len(sel),
+                    sum(r["verdict"] == "regressed" for r in sel),
+                    " / ".join(str(c) for c in caught),
+                    sum((gate(r, "baseline") or {}).get("status") == "regressed" for r in sel),
+                ]
+            )
+    title = f"{f.parent.name}/{f.name}: " + (
+        f"planted +{plan['x']:.0%} (spin)" if plan else "slower triton_flash config"
+    )
+    if plan is not None:
+        title += f", {len(rs)} plantable cases"
+    head = [
+        "size",
+        "realised",
+        "cases",
+        "caught",
+        "caught at " + "/".join(f"{m:.1%}" for m in MARGINS),
+        "baseline gate",
+    ]
+    return title + "\n" + tabulate(rows, headers=head)
 
 
 if __name__ == "__main__":
