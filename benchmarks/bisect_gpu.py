@@ -6,7 +6,9 @@ docstring in a benchmark), except commit --bad-at, which changes triton_flash's 
 dim 64 to a slower configuration of the same kernel (half-width key tiles, no software pipelining): a real
 code change, not a sleep. Then `perfguard bisect GOOD HEAD -k CASE tests/perf` runs in that repository,
 and the script checks that it named the planted commit. Its output (each step's verdict with the A/B
-change and CI, the first bad commit) is printed and kept under --out.
+change and CI, the first bad commit) is printed and kept under --out. With --explain it then runs
+`perfguard explain -k CASE --against FIRST_BAD~1` at the first bad commit: Nsight Compute's diff of the
+metrics that say why the kernel got slower.
 
 Usage (GPU): PYTHONPATH=. python benchmarks/bisect_gpu.py --out DIR
 """
@@ -58,6 +60,7 @@ def main() -> int:
     ap.add_argument("--commits", type=int, default=9, help="commits after GOOD (at least 8)")
     ap.add_argument("--bad-at", type=int, default=6, help="which of them plants the slowdown (1-based)")
     ap.add_argument("-k", default=CASE, help="the case to bisect")
+    ap.add_argument("--explain", action="store_true", help="then explain the first bad commit with ncu")
     args = ap.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -88,6 +91,13 @@ def main() -> int:
         f"bisect over {args.commits} commits: exit {proc.returncode} in {wall:.0f} s; planted {planted[:12]}, "
         f"named {found or '-'}: {'RIGHT' if ok else 'WRONG'}"
     )
+    if args.explain and found:
+        git(repo, "checkout", "-q", "--detach", found)
+        cmd = [sys.executable, "-m", "pytest_perfguard.cli", "explain", "-k", args.k, "--against", f"{found}~1"]
+        proc = subprocess.run([*cmd, "tests/perf"], cwd=repo, env=env, capture_output=True, text=True)
+        (out / "explain.log").write_text(proc.stdout + proc.stderr)
+        print(proc.stdout + proc.stderr)
+        print(f"explain: exit {proc.returncode}")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
 

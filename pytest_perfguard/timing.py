@@ -376,21 +376,28 @@ def measure(
     if base is not None:
         makers["b"] = base
 
+    # Every side keeps the output of its last call on each copy (the integrity checks read the variant's).
+    # All sides alike: a side whose outputs were dropped would let the allocator (a CUDA graph's pool) give
+    # all its copies one output buffer, a smaller write footprint than the others', and read faster. Keeping
+    # only the head's outputs was the one asymmetry left when A/A runs read a head/base bias of +0.1-0.2%.
+    kept: dict[str, dict[int, object]] = {side: {} for side in makers}
+
+    def recording(side: str, make: Callable[[int], Call]) -> Callable[[int], Call]:
+        def maker(i: int) -> Call:
+            call = make(i)
+
+            def run() -> object:
+                out = call()
+                kept[side][i] = out
+                return out
+
+            return run
+
+        return maker
+
+    makers = {side: recording(side, make) for side, make in makers.items()}
+    outputs = kept["v"]
     # Warm-up outside the measurement: JIT, autotune, lazy module loading, allocator growth.
-    outputs: dict[int, object] = {}
-    plain_variant = variant
-
-    def recording(i: int) -> Call:
-        call = plain_variant(i)
-
-        def run() -> object:
-            out = call()
-            outputs[i] = out
-            return out
-
-        return run
-
-    makers["v"] = recording
     firsts = {side: make(0) for side, make in makers.items()}
     for _ in range(cfg.warmup_calls):
         for call in firsts.values():
