@@ -315,6 +315,35 @@ def test_explain_writes_into_the_record_and_changes_nothing_else(
     assert (kernel.head_grid, kernel.base_grid) == ("(64,16,1)", "(128,16,1)")
 
 
+def test_the_reports_show_the_diff_under_the_explained_case(fake: Fake, tmp_path: Path) -> None:
+    path = _results(fake.repo / "r.json", [_record(CASE, Status.REGRESSED)])
+    assert main(["explain", "-k", "v", "--against", "HEAD", "--results", str(path)]) == 0
+    md = tmp_path / "summary.md"
+    assert main(["report", str(path), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    why = text.index("#### Why: Nsight Compute, head vs base")
+    assert text.index("#### Failing and inconclusive") < why < text.index("<details><summary>All 1 cases")
+    assert "<b>regressed</b> v · S64: duration +8.7% (1.04 ms vs 958.40 us); moved most: " in text
+    assert "Nsight Compute 2025.1.1.0 on NVIDIA H100 80GB HBM3, clocks not locked; head " in text
+    table = text[text.index("| metric | head | base | change |") :].split("</details>")[0].splitlines()[2:]
+    labels = [row.split("|")[1].strip().strip("*") for row in table if row.startswith("|")]
+    assert labels[0] == "duration"  # first, the thing to explain; then what moved most
+    assert labels.index("local loads (spills)") < labels.index("registers / thread") < labels.index("L2 hit rate")
+    assert labels.index("L2 hit rate") < labels.index("tensor pipe active")  # unchanged: last
+    assert "| **registers / thread** | **168** | **128** | **+40** |" in table
+    assert "| tensor pipe active | 55.1% | 55.1% | same |" in table
+
+    pytest.importorskip("plotly")
+    page = tmp_path / "report.html"
+    assert main(["report", str(path), "--html", str(page)]) == 0
+    html = page.read_text()
+    assert html.count("<h4>Why: Nsight Compute, head vs base</h4>") == 2  # the attention card and the case
+    assert "<tr class=moved><td>registers / thread</td><td>168</td><td>128</td><td>+40</td></tr>" in html
+    assert "<tr><td>tensor pipe active</td><td>55.1%</td><td>55.1%</td><td>same</td></tr>" in html
+    assert "<code>kernel 1 of 1: flash_fwd_kernel&lt;128, 64, true&gt;</code>" in html
+    assert "Nsight Compute 2025.1.1.0 on NVIDIA H100 80GB HBM3" in html
+
+
 def test_regressed_explains_worst_first_within_the_limit_then_the_rest(
     fake: Fake, capsys: pytest.CaptureFixture[str]
 ) -> None:
