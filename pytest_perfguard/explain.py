@@ -1,4 +1,4 @@
-"""``perfguard explain -k CASE [--against REV]``: why a kernel got slower, from Nsight Compute counters.
+"""``perfguard explain -k CASE [--against REV] [--results FILE]``: why a kernel got slower, from Nsight Compute.
 
 A verdict says a case is slower; the profiler says why. This profiles the selected variant's kernels once
 at head (the working tree) and once at REV (its tree from the A/B cache, ab.materialise) with ``ncu``, and
@@ -10,6 +10,11 @@ Only the one call of the variant is profiled (explain_probe.py, ``--profile-from
 left as the timing saw them (``--clock-control none``), so a clock drop shows in the SM clock row;
 ``--lock-clocks`` locks them to base instead, for a duration diff free of boost. Without ncu, or without
 permission to read the GPU's counters, it says what it needs and exits 2.
+
+After a red run, ``--results FILE`` attaches the diff to the case's record in that run's results file (under
+a lock, atomically; a file that does not validate is refused before anything is profiled and never
+written), where ``perfguard report`` and the Markdown summary show it; ``--regressed`` explains every case
+the file marks regressed, against the base revision the run compared with, two profiles per case.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -26,10 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tabulate import tabulate
-
+from .explanation import Explanation, KernelDiff, MetricDiff, text
 from .gitrev import GitError, git
+from .jsonio import JSONFileError, dumps, load_json_text, locked, write_text_atomic
 from .pinned import child_env, pin, pytest_command
+from .record import CaseRecord, Status
+from .results_io import ResultsError, ResultsFile, parse_results
 
 
 @dataclass(frozen=True)
@@ -60,15 +68,20 @@ METRICS: tuple[Metric, ...] = (
 )
 
 NO_NCU = (
-    "perfguard explain needs Nsight Compute: the `ncu` command on PATH (it ships with the CUDA toolkit and as "
-    "the nsight-compute package) and permission to read the GPU's performance counters (run as root, or load "
-    "the NVIDIA driver with NVreg_RestrictProfilingToAdminUsers=0; ncu reports ERR_NVGPUCTRPERM without it). "
+    "perfguard explain needs Nsight Compute: the `ncu` command on PATH, in $CUDA_HOME/bin or in "
+    "/usr/local/cuda/bin, or named with --ncu PATH (it ships with the CUDA toolkit and as the nsight-compute "
+    "package), and permission to read the GPU's performance counters (run as root, or load the NVIDIA driver "
+    "with NVreg_RestrictProfilingToAdminUsers=0; ncu reports ERR_NVGPUCTRPERM without it). "
     "Then run: perfguard explain -k CASE --against REV"
 )
 NO_PERMISSION = (
-    "ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM): run as root, or load the NVIDIA "
-    "driver with NVreg_RestrictProfilingToAdminUsers=0"
+    "ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM): run as root (in a container, "
+    "one started with --cap-add SYS_ADMIN), or have the NVIDIA driver loaded with "
+    "NVreg_RestrictProfilingToAdminUsers=0; see https://developer.nvidia.com/ERR_NVGPUCTRPERM"
 )
+DEFAULT_CUDA = Path("/usr/local/cuda")
+# Each explained case costs two profiled pytest runs (head and base); --regressed stops at this many cases.
+MAX_CASES = 10
 
 _PREFIX = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _SHORT_TIME = {"ns": "nsecond", "us": "usecond", "ms": "msecond", "s": "second"}
@@ -77,6 +90,10 @@ _BASE_WORDS = ("byte", "second", "cycle", "hz")
 
 class ExplainError(Exception):
     """Profiling could not be done; the message says what to do."""
+
+
+class NcuUnusable(ExplainError):
+    """ncu cannot profile anything here (no permission, cannot start): no other case would fare better."""
 
 
 @dataclass
@@ -193,40 +210,6 @@ def parse_ncu_csv(text: str, metrics: Sequence[Metric] = METRICS) -> list[Kernel
 # --------------------------------------------------------------------------------------------- diff
 
 
-def _show(value: float | None, kind: str) -> str:
-    if value is None:
-        return "-"
-    if kind == "time":
-        for unit, size in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-            if value >= size:
-                return f"{value / size:.2f} {unit}"
-        return f"{value:.0f} ns"
-    if kind == "freq":
-        return f"{value:.3f} GHz"
-    if kind in ("bytes", "rate"):
-        suffix = "/s" if kind == "rate" else ""
-        for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-            if value >= size:
-                return f"{value / size:.2f} {unit}{suffix}"
-        return f"{value:.0f} B{suffix}"
-    if kind == "pct":
-        return f"{value:.1f}%"
-    return f"{value:g}"
-
-
-def _change(head: float | None, base: float | None, kind: str) -> str:
-    if head is None or base is None:
-        return "-"
-    if kind == "pct":
-        return "same" if abs(head - base) < 0.05 else f"{head - base:+.1f} pt"
-    if kind == "count":
-        return "same" if head == base else f"{head - base:+g}"
-    if base == 0:
-        return "same" if head == 0 else "was 0"
-    ratio = head / base - 1
-    return "same" if abs(ratio) < 0.0005 else f"{ratio * 100:+.1f}%"
-
-
 def _pairs(head: Sequence[Kernel], base: Sequence[Kernel]) -> list[tuple[Kernel | None, Kernel | None]]:
     """Kernels in launch order side by side; by name (n-th launch of each) when the launch counts differ."""
     if len(head) == len(base):
@@ -237,61 +220,97 @@ def _pairs(head: Sequence[Kernel], base: Sequence[Kernel]) -> list[tuple[Kernel 
     return [(left.get(key), right.get(key)) for key in keys]
 
 
-def diff_table(head: Sequence[Kernel], base: Sequence[Kernel], metrics: Sequence[Metric] = METRICS) -> str:
-    """One head/base/change table per kernel launch, and the total duration when there are several."""
-    blocks: list[str] = []
-    pairs = _pairs(head, base)
-    for number, (h, b) in enumerate(pairs, 1):
-        names = {k.short for k in (h, b) if k is not None}
-        title = " | ".join(f"{k.short} ({side})" for k, side in ((h, "head"), (b, "base")) if k is not None)
-        if len(names) == 1:
-            title = next(iter(names)) + (
-                "" if h is not None and b is not None else " (head only)" if b is None else " (base only)"
-            )
+def kernel_diffs(
+    head: Sequence[Kernel], base: Sequence[Kernel], metrics: Sequence[Metric] = METRICS
+) -> tuple[KernelDiff, ...]:
+    """Each head launch beside its base counterpart, with every metric either side has."""
+    out = []
+    for h, b in _pairs(head, base):
         rows = []
         for m in metrics:
             hv = h.values.get(m.name) if h is not None else None
             bv = b.values.get(m.name) if b is not None else None
-            if hv is None and bv is None:
-                continue
-            rows.append([m.label, _show(hv, m.kind), _show(bv, m.kind), _change(hv, bv, m.kind)])
-        for label, attr in (("grid", "grid"), ("block", "block")):
-            hs = getattr(h, attr) if h is not None else ""
-            bs = getattr(b, attr) if b is not None else ""
-            if hs or bs:
-                rows.append([label, hs or "-", bs or "-", "same" if hs == bs else "changed" if hs and bs else "-"])
-        table = tabulate(rows, headers=["metric", "head", "base", "change"], disable_numparse=True)
-        blocks.append(f"kernel {number} of {len(pairs)}: {title}\n{table}")
-    duration = METRICS[0]
-    if len(pairs) > 1:
-        th = sum(k.values.get(duration.name, 0.0) for k in head)
-        tb = sum(k.values.get(duration.name, 0.0) for k in base)
-        blocks.append(
-            f"total duration of {len(head)} head / {len(base)} base kernel launches: "
-            f"{_show(th, 'time')} vs {_show(tb, 'time')} ({_change(th, tb, 'time')})"
+            if hv is not None or bv is not None:
+                rows.append(MetricDiff(metric=m.name, label=m.label, kind=m.kind, head=hv, base=bv))
+        out.append(
+            KernelDiff(
+                head=h.short if h is not None else None,
+                base=b.short if b is not None else None,
+                head_grid=h.grid if h is not None else "",
+                base_grid=b.grid if b is not None else "",
+                head_block=h.block if h is not None else "",
+                base_block=b.block if b is not None else "",
+                metrics=tuple(rows),
+            )
         )
-    return "\n\n".join(blocks)
+    return tuple(out)
+
+
+def diff_table(head: Sequence[Kernel], base: Sequence[Kernel], metrics: Sequence[Metric] = METRICS) -> str:
+    """One head/base/change table per kernel launch (duration first, then what moved most), and the total
+    duration when there are several."""
+    return text(kernel_diffs(head, base, metrics))
 
 
 # ---------------------------------------------------------------------------------------- profiling
 
 
-def find_ncu() -> str | None:
-    return shutil.which("ncu")
+def find_ncu(explicit: str | None = None) -> str | None:
+    """ncu: as named, else on PATH, else in the CUDA toolkit ($CUDA_HOME, /usr/local/cuda), where it lives
+    on hosts whose PATH holds only nvcc's wrapper or nothing of CUDA."""
+    if explicit:
+        return shutil.which(explicit)
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), str(DEFAULT_CUDA)):
+        if root and shutil.which(str(Path(root) / "bin" / "ncu")):
+            return str(Path(root) / "bin" / "ncu")
+    return None
 
 
 def _ncu_run(ncu: str, command: Sequence[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ncu, *command], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    try:
+        return subprocess.run([ncu, *command], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise NcuUnusable(f"cannot run {ncu}: {exc.strerror or exc}") from None
+
+
+def ncu_version(ncu: str) -> str:
+    """ "Nsight Compute 2025.1.1.0", from ``ncu --version`` (its last line names the version)."""
+    out = _ncu_run(ncu, ["--version"], Path.cwd(), dict(os.environ)).stdout
+    line = next((x.strip() for x in out.splitlines() if x.strip().startswith("Version")), None)
+    return f"Nsight Compute {line.split()[1]}" if line and len(line.split()) > 1 else f"Nsight Compute ({ncu})"
+
+
+def _tail(output: str) -> str:
+    """What a reader needs of a failed run: ncu's and pytest's error lines, else its last lines."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    wanted = ("==ERROR==", "ERROR:", "perfguard explain:", "E   ", "SKIPPED", "Error")
+    picked = [line for line in lines if line.startswith(wanted) or "Error:" in line]
+    return " | ".join((picked or lines)[-4:]) or "no output"
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """One side's profile: the kernels of the one call, and which case on which GPU the probe ran."""
+
+    kernels: list[Kernel]
+    case_id: str
+    device: str
 
 
 def profile(
-    ncu: str, cwd: Path, case: str, pytest_args: Sequence[str], work: Path, side: str, lock_clocks: bool
-) -> list[Kernel]:
+    ncu: str, cwd: Path, select: Sequence[str], pytest_args: Sequence[str], work: Path, side: str, lock_clocks: bool
+) -> Profiled:
     """Profile the one call of the selected variant in `cwd`; metrics that this ncu or GPU lacks are dropped
     (after ncu names them) and the profile is taken again without them."""
     report = work / side
+    probe_out = work / f"{side}.case.json"
+    log = work / f"{side}.log"
     metrics = [m.name for m in METRICS]
     for _attempt in range(2):
+        probe_out.unlink(missing_ok=True)
         command = [
             "--target-processes",
             "all",
@@ -309,15 +328,16 @@ def profile(
             "pytest_perfguard.explain_probe",
             "-p",
             "no:cacheprovider",
-            "-k",
-            case,
+            "--perfguard-explain-out",
+            str(probe_out),
+            *select,
             *pytest_args,
         ]
         proc = _ncu_run(ncu, command, cwd, child_env(work / "plugin"))
         output = proc.stdout + proc.stderr
-        (work / f"{side}.log").write_text(output, encoding="utf-8")
+        log.write_text(output, encoding="utf-8")
         if "ERR_NVGPUCTRPERM" in output:
-            raise ExplainError(NO_PERMISSION)
+            raise NcuUnusable(NO_PERMISSION)
         errors = [line for line in output.splitlines() if line.startswith("==ERROR==")]
         unknown = [m for m in metrics if any(m in line for line in errors)]
         if unknown and len(unknown) < len(metrics):
@@ -326,19 +346,27 @@ def profile(
             continue
         break
     rep = report.with_suffix(".ncu-rep")
-    if proc.returncode != 0 or not rep.is_file():
-        tail = " | ".join(line for line in output.splitlines()[-4:] if line.strip())
+    if proc.returncode != 0:
+        raise ExplainError(f"{side}: ncu or pytest failed (exit {proc.returncode}): {_tail(output)}; log: {log}")
+    if not probe_out.is_file():
         raise ExplainError(
-            f"{side}: ncu or pytest failed (exit {proc.returncode}): {tail}; full log in {work / (side + '.log')}"
+            f"{side}: the case did not run (skipped, or failed before its call?): {_tail(output)}; log: {log}"
         )
-    text = _ncu_run(ncu, ["--import", str(rep), "--csv", "--page", "raw"], cwd, dict(os.environ)).stdout
-    kernels = parse_ncu_csv(text)
+    if not rep.is_file():
+        raise ExplainError(
+            f"{side}: ncu wrote no report (no CUDA kernel in the profiled call?): {_tail(output)}; log: {log}"
+        )
+    imported = _ncu_run(ncu, ["--import", str(rep), "--csv", "--page", "raw"], cwd, dict(os.environ))
+    if imported.returncode != 0:
+        raise ExplainError(f"{side}: ncu could not read its report {rep}: {_tail(imported.stdout + imported.stderr)}")
+    kernels = parse_ncu_csv(imported.stdout)
     if not kernels:
-        raise ExplainError(
-            f"{side}: no CUDA kernel ran in the profiled call (is the case on the GPU?); "
-            f"log in {work / (side + '.log')}"
-        )
-    return kernels
+        raise ExplainError(f"{side}: no CUDA kernel ran in the profiled call (is the case on the GPU?); log: {log}")
+    try:
+        info = json.loads(probe_out.read_text(encoding="utf-8"))
+        return Profiled(kernels, str(info["id"]), str(info["device"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ExplainError(f"{side}: unreadable {probe_out} ({exc})") from None
 
 
 def _base_tree(top: Path, rev: str) -> tuple[str, Path]:
@@ -356,48 +384,256 @@ def _base_tree(top: Path, rev: str) -> tuple[str, Path]:
         raise ExplainError(str(exc)) from None
 
 
-def default_against(top: Path) -> str:
-    """$PERFGUARD_AGAINST, as the A/B gate would use it; else HEAD when the tree has uncommitted changes."""
+def default_against(top: Path, results: ResultsFile | None = None) -> str:
+    """The base the results file's run compared with (an A/B run); else $PERFGUARD_AGAINST, as the A/B
+    gate would use it; else HEAD when the tree has uncommitted changes."""
+    if results is not None:
+        recorded = results.run.get("base_sha") or next(
+            (r.ab["sha"] for r in results.results if r.ab and isinstance(r.ab.get("sha"), str)), None
+        )
+        if isinstance(recorded, str) and recorded:
+            return recorded
     env = os.environ.get("PERFGUARD_AGAINST")
     if env:
         return env
     if git(top, "status", "--porcelain", "--untracked-files=no"):
         return "HEAD"
     raise ExplainError(
-        "nothing to compare with: the tree is clean and --against is not given; pass "
-        "--against REV (the revision the case was fast at, e.g. --against origin/main)"
+        "nothing to compare with: the tree is clean and --against is not given"
+        + (" (and the results file's run had no base revision)" if results is not None else "")
+        + "; pass --against REV (the revision the case was fast at, e.g. --against origin/main)"
     )
 
 
-def explain(case: str, against: str | None, pytest_args: Sequence[str], cwd: Path, lock_clocks: bool) -> int:
-    ncu = find_ncu()
+# ------------------------------------------------------------------------------------ the results file
+
+
+def read_results_for_update(path: Path) -> ResultsFile:
+    """The results file explain will write into, checked before anything is profiled."""
+    from .merge import MERGED_KIND
+
+    obj, exists = load_json_text(path, ResultsError, "results")
+    if not exists:
+        raise ResultsError(f"{path}: no such results file; write one with pytest --perfguard --perfguard-json {path}")
+    if isinstance(obj, dict) and obj.get("kind") == MERGED_KIND:
+        raise ResultsError(
+            f"{path}: a merged file (perfguard merge); explain writes into one run's results file: "
+            "explain that run's file, then merge again"
+        )
+    return parse_results(path, obj)
+
+
+def attach(path: Path, case_id: str, explanation: Explanation) -> None:
+    """Put the explanation under the case's record, changing nothing else in the file.
+
+    Read, change and write under the file's lock, so explanations written side by side are all kept; the
+    file is validated before and after, and replaced atomically, so a file that does not validate (corrupt,
+    or from a newer pytest-perfguard) is left as it is."""
+    with locked(path, error=ResultsError):
+        obj, exists = load_json_text(path, ResultsError, "results")
+        if not exists:
+            raise ResultsError(f"{path}: the results file is gone (removed while explain ran); nothing written")
+        parse_results(path, obj)
+        record = next((r for r in obj["results"] if r.get("id") == case_id), None)
+        if record is None:
+            raise ResultsError(f"{path}: no record {case_id!r} (removed while explain ran?); nothing written")
+        record["explain"] = explanation.to_json()
+        parse_results(path, obj)
+        write_text_atomic(path, dumps(obj), ResultsError)
+
+
+def _worst_first(record: CaseRecord) -> float:
+    """The largest change among the gates that found the regression (1.3 = 30% slower)."""
+    estimates = [
+        float(g["estimate"])
+        for g in record.gates
+        if g.get("status") == Status.REGRESSED and isinstance(g.get("estimate"), int | float)
+    ]
+    return -max(estimates, default=0.0)
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+
+@dataclass
+class Setup:
+    """What every explained case shares: ncu, both trees, the work folder and the file to write into."""
+
+    ncu: str
+    version: str
+    cwd: Path
+    base_cwd: Path
+    against: str
+    sha: str
+    head_sha: str | None
+    dirty: bool
+    work: Path
+    pytest_args: list[str]
+    lock_clocks: bool
+    results: ResultsFile | None = None
+
+
+def _setup(args: argparse.Namespace, cwd: Path, results: ResultsFile | None) -> Setup | None:
+    ncu = find_ncu(args.ncu)
     if ncu is None:
-        print(f"perfguard: error: {NO_NCU}", file=sys.stderr)
-        return 2
+        where = f"--ncu {args.ncu}: not found or not executable. " if args.ncu else ""
+        print(f"perfguard: error: {where}{NO_NCU}", file=sys.stderr)
+        return None
     try:
         top = Path(git(cwd, "rev-parse", "--show-toplevel"))
     except GitError as exc:
         raise ExplainError(f"{cwd} is not in a git repository ({exc}); --against needs one") from None
-    rev = against or default_against(top)
+    rev = args.against or default_against(top, results)
     sha, tree = _base_tree(top, rev)
     base_cwd = tree / cwd.resolve().relative_to(top.resolve())
+    if not base_cwd.is_dir():
+        raise ExplainError(f"the folder {base_cwd.relative_to(tree)} does not exist at {rev}; run from one that does")
+    head_sha = git(top, "rev-parse", "HEAD", check=False) or None
+    dirty = bool(git(top, "status", "--porcelain", "--untracked-files=no", check=False))
     work = Path(tempfile.mkdtemp(prefix="perfguard-explain-"))
     pin(work / "plugin")
+    return Setup(
+        ncu=ncu,
+        version=ncu_version(ncu),
+        cwd=cwd,
+        base_cwd=base_cwd,
+        against=rev,
+        sha=sha,
+        head_sha=head_sha,
+        dirty=dirty,
+        work=work,
+        pytest_args=list(args.pytest_args),
+        lock_clocks=args.lock_clocks,
+        results=results,
+    )
+
+
+def explain_case(s: Setup, select: Sequence[str], label: str, tag: str = "") -> Explanation:
+    """Profile one case at head and at base, print the diff, and attach it when there is a results file
+    (a case that file does not hold is refused after the head profile, before the base one is taken)."""
     print(
-        f"perfguard explain: -k {case!r}: head (working tree) vs {rev} ({sha[:12]}), one call each under ncu; "
-        f"reports in {work}",
+        f"perfguard explain: {label}: head (working tree) vs {s.against} ({s.sha[:12]}), one call each under ncu; "
+        f"reports in {s.work}",
         flush=True,
     )
-    head = profile(ncu, cwd, case, pytest_args, work, "head", lock_clocks)
-    base = profile(ncu, base_cwd, case, pytest_args, work, "base", lock_clocks)
-    print(diff_table(head, base))
-    return 0
+    head = profile(s.ncu, s.cwd, select, s.pytest_args, s.work, f"{tag}head", s.lock_clocks)
+    if s.results is not None and head.case_id not in s.results.by_id():
+        raise ExplainError(
+            f"{s.results.path} has no record of {head.case_id} (the case {label} selected); explain a case of "
+            "that run, or leave out --results"
+        )
+    base = profile(s.ncu, s.base_cwd, select, s.pytest_args, s.work, f"{tag}base", s.lock_clocks)
+    if base.case_id != head.case_id:
+        print(f"perfguard explain: note: at base the probe ran {base.case_id}, at head {head.case_id}")
+    if base.device != head.device:
+        print(f"perfguard explain: note: head ran on {head.device}, base on {base.device}")
+    explanation = Explanation(
+        against=s.against,
+        base_sha=s.sha,
+        head_sha=s.head_sha,
+        head_dirty=s.dirty,
+        device=head.device,
+        ncu=s.version,
+        clock_control="base" if s.lock_clocks else "none",
+        kernels=kernel_diffs(head.kernels, base.kernels),
+    )
+    print(f"{head.case_id}\n{explanation.source()}\n\n{explanation.text()}\n", flush=True)
+    if s.results is not None:
+        attach(s.results.path, head.case_id, explanation)
+        print(f"perfguard explain: attached to its record in {s.results.path}", flush=True)
+    return explanation
+
+
+def _regressed(s: Setup, max_cases: int) -> int:
+    """Explain every regressed case of the results file not yet explained against this base; worst first."""
+    assert s.results is not None
+    regressed = sorted((r for r in s.results.results if r.verdict is Status.REGRESSED), key=_worst_first)
+    if not regressed:
+        print(f"perfguard explain: {s.results.path} marks no case regressed; nothing to explain")
+        return 0
+    done = [r for r in regressed if r.explain is not None and r.explain.base_sha == s.sha]
+    todo = [r for r in regressed if r not in done]
+    for r in done:
+        print(f"perfguard explain: {r.id}: already explained against {s.sha[:12]}; -k selects it to explain it again")
+    chosen, left = todo[:max_cases], todo[max_cases:]
+    if chosen:
+        print(
+            f"perfguard explain: {len(chosen)} regressed case(s), worst first: two ncu profiles each "
+            f"(head and {s.against})",
+            flush=True,
+        )
+    failed: list[str] = []
+    for number, record in enumerate(chosen, 1):
+        try:
+            explain_case(s, ["--perfguard-explain-id", record.id], record.id, tag=f"case{number}-")
+        except NcuUnusable:
+            raise
+        except (ExplainError, JSONFileError) as exc:
+            print(f"perfguard: error: explain: {record.id}: {exc}", file=sys.stderr, flush=True)
+            failed.append(record.id)
+    if left:
+        print(
+            f"perfguard explain: {len(left)} more regressed case(s) not explained (--max-cases {max_cases}): "
+            + ", ".join(r.id for r in left[:5])
+            + (" ..." if len(left) > 5 else "")
+            + "; run again to explain them (explained cases are skipped), or raise --max-cases"
+        )
+    if failed:
+        print(f"perfguard explain: {len(failed)} of {len(chosen)} could not be explained (errors above)")
+    return 1 if failed else 0
+
+
+def explain(args: argparse.Namespace, cwd: Path) -> int:
+    results = read_results_for_update(Path(args.results)) if args.results else None
+    if results is not None:
+        _note_head(results, cwd)
+    s = _setup(args, cwd, results)
+    if s is None:
+        return 2
+    if args.regressed:
+        status = _regressed(s, args.max_cases)
+    else:
+        explain_case(s, ["-k", args.k], f"-k {args.k!r}")
+        status = 0
+    if results is not None:
+        print(f"perfguard explain: see it in the report: perfguard report {results.path} --html report.html")
+    return status
+
+
+def _note_head(results: ResultsFile, cwd: Path) -> None:
+    """Say so when the working tree is not the commit the results file measured: head is profiled as it is."""
+    measured = results.run.get("git_sha")
+    now = git(cwd, "rev-parse", "HEAD", check=False)
+    if isinstance(measured, str) and measured and now and now != measured:
+        print(
+            f"perfguard explain: note: {results.path} measured {measured[:12]}, the working tree is at {now[:12]}; "
+            f"head is profiled as the working tree is (git checkout {measured[:12]} to profile what the run measured)"
+        )
+
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    if args.regressed and args.k:
+        return "-k and --regressed: choose one (-k explains one case, --regressed every regressed case)"
+    if not args.regressed and not args.k:
+        return "say what to explain: -k CASE, or --regressed --results RESULTS"
+    if args.regressed and not args.results:
+        return "--regressed needs --results RESULTS: the run whose regressed cases to explain"
+    if args.max_cases < 1:
+        return f"--max-cases must be at least 1, got {args.max_cases}"
+    return None
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    problem = _usage_error(args)
+    if problem:
+        print(f"perfguard: error: explain: {problem}", file=sys.stderr)
+        return 2
     try:
-        return explain(args.k, args.against, args.pytest_args, Path.cwd(), args.lock_clocks)
-    except (ExplainError, GitError) as exc:
+        return explain(args, Path.cwd())
+    except NcuUnusable as exc:
+        print(f"perfguard: error: explain: {exc}", file=sys.stderr)
+        return 2
+    except (ExplainError, GitError, JSONFileError) as exc:
         print(f"perfguard: error: explain: {exc}", file=sys.stderr)
         return 1
 
@@ -407,19 +643,42 @@ def add_explain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     parser = sub.add_parser(
         "explain",
         allow_abbrev=False,
-        usage="perfguard explain -k CASE [--against REV] [--lock-clocks] [PYTEST_ARG ...]",
+        usage=(
+            "perfguard explain (-k CASE | --regressed) [--against REV] [--results RESULTS] [--max-cases N] "
+            "[--lock-clocks] [--ncu PATH] [PYTEST_ARG ...]"
+        ),
         help="profile one case with Nsight Compute at head and at REV and diff what explains kernel time",
-        description="Arguments after -k CASE go to pytest (e.g. tests/perf).",
+        description="Arguments it does not know go to pytest (e.g. tests/perf).",
     )
-    parser.add_argument("-k", required=True, metavar="CASE", help="pytest -k expression selecting exactly one case")
+    parser.add_argument("-k", metavar="CASE", help="pytest -k expression selecting exactly one case")
     parser.add_argument(
         "--against",
         metavar="REV",
-        help="revision to compare with (default: $PERFGUARD_AGAINST, else HEAD if the tree is dirty)",
+        help="revision to compare with (default: the base revision of the --results run, else "
+        "$PERFGUARD_AGAINST, else HEAD if the tree is dirty)",
+    )
+    parser.add_argument(
+        "--results",
+        metavar="RESULTS",
+        help="results file of the run (--perfguard-json): the explanation is written into the case's record, "
+        "where perfguard report shows it",
+    )
+    parser.add_argument(
+        "--regressed",
+        action="store_true",
+        help="explain every case RESULTS marks regressed, worst first (two ncu profiles per case)",
+    )
+    parser.add_argument(
+        "--max-cases",
+        type=int,
+        default=MAX_CASES,
+        metavar="N",
+        help=f"with --regressed, explain at most N cases (default {MAX_CASES})",
     )
     parser.add_argument(
         "--lock-clocks",
         action="store_true",
         help="lock GPU clocks to base while profiling (ncu --clock-control base)",
     )
+    parser.add_argument("--ncu", metavar="PATH", help="the ncu to run (default: on PATH, else in the CUDA toolkit)")
     parser.set_defaults(func=cmd_explain, pytest_args=[], passes_unknown_args=True)

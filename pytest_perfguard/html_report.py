@@ -457,6 +457,9 @@ details.attn[open]>summary>div:first-child::before{content:"▾ "}
 .head{display:grid;gap:10px;padding:4px 14px;font-weight:600;color:#555;
 grid-template-columns:minmax(120px,.9fr) minmax(120px,.9fr) 1.2fr 1fr 2.1fr 60px 100px}
 .plot{width:100%;min-height:120px}
+.explain h4{margin:8px 0 2px;font-size:14px} .explain p{margin:2px 0}
+table.explain{margin:4px 0 8px} table.explain tr.moved td{font-weight:600}
+table.explain :is(td,th):nth-child(n+2){text-align:right;font-variant-numeric:tabular-nums}
 """
 
 _JS = """
@@ -507,9 +510,34 @@ def _attention(report: Report, page: _Page) -> str:
             f'<details class="case attn" style="--c:{_color(case.status)}"{opened}><summary>'
             f'<div><span class="status">{_e(case.status)}</span>{_device_note(report, case)} '
             f"{_e(case.decisive_reason())}</div><div><code>{_e(case.command())}</code></div>"
-            f'</summary><div class="body"><ul>{reasons}</ul>{figure}</div></details>'
+            f'</summary><div class="body"><ul>{reasons}</ul>{_explain(case)}{figure}</div></details>'
         )
     return "\n".join(out)
+
+
+def _explain(case: Case) -> str:
+    """The profiler diff `perfguard explain` attached: per kernel, metric, head, base and change, duration
+    first and then what moved most (moved rows in bold), with the ncu, GPU and revisions it came from."""
+    e = case.rec.explain
+    if e is None:
+        return ""
+    blocks = []
+    for number, kernel in enumerate(e.kernels, 1):
+        title = f"kernel {number} of {len(e.kernels)}: {kernel.title}"
+        rows = "".join(
+            ("<tr class=moved>" if row.moved else "<tr>")
+            + "".join(f"<td>{_e(cell)}</td>" for cell in (row.label, row.head, row.base, row.change))
+            + "</tr>"
+            for row in kernel.rows()
+        )
+        blocks.append(
+            f'<p><code>{_e(title)}</code></p><table class="explain"><tr><th>metric</th><th>head</th>'
+            f"<th>base</th><th>change</th></tr>{rows}</table>"
+        )
+    return (
+        f'<div class="explain"><h4>Why: Nsight Compute, head vs base</h4><p>{_e(e.headline())}</p>'
+        f'<p class="muted">{_e(e.source())}</p>{"".join(blocks)}</div>'
+    )
 
 
 def _device_note(report: Report, case: Case) -> str:
@@ -555,7 +583,7 @@ def _case_details(report: Report, case: Case, page: _Page) -> str:
     )
     return (
         f'<details class="case" style="--c:{_color(case.status)}"><summary>{summary}</summary>'
-        f'<div class="body"><table class="env">{rows}</table>'
+        f'<div class="body"><table class="env">{rows}</table>{_explain(case)}'
         f"{page.plot(case_figure(case), lazy=True, key=f'{case.device}::{case.id}')}</div></details>"
     )
 

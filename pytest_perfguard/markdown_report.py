@@ -8,6 +8,7 @@ library: the plugin writes this on every CI run.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +20,9 @@ from .report_data import Case, Report
 COMMENT_LIMIT = 60_000
 # The attention list is cut here in the summary (the HTML report and the table below have the rest).
 MAX_ATTENTION = 40
+# Profiler diffs shown (each is a table of ~17 rows); the first few open. The HTML report has them all.
+MAX_EXPLAINED = 10
+OPEN_EXPLAINED = 3
 # Mermaid's xychart has no legend in the versions GitHub renders, so each series gets a fixed colour
 # and the line under the chart names them with the matching coloured square.
 SERIES = (
@@ -70,6 +74,41 @@ def _attention(report: Report) -> list[str]:
     if len(cases) > MAX_ATTENTION:
         lines.append(f"\n…and {len(cases) - MAX_ATTENTION} more: see the full table below or the HTML report.")
     return [*lines, ""]
+
+
+def _explained(report: Report) -> list[str]:
+    """Each explained case's profiler diff (perfguard explain): metric, head, base and change, duration
+    first and then what moved most (moved rows in bold), under the line saying where it was measured."""
+    cases = [case for case in report.cases if case.rec.explain is not None]
+    if not cases:
+        return []
+    lines = ["#### Why: Nsight Compute, head vs base", ""]
+    for index, case in enumerate(cases[:MAX_EXPLAINED]):
+        e = case.rec.explain
+        assert e is not None
+        opened = " open" if index < OPEN_EXPLAINED else ""
+        title = f"{case.rec.variant} · {case.shape}{_where(report, case)}: {e.headline()}"
+        lines += [
+            f"<details{opened}><summary><b>{html.escape(case.status)}</b> {html.escape(title)}</summary>",
+            "",
+            _cell(e.source()),
+            "",
+        ]
+        for number, kernel in enumerate(e.kernels, 1):
+            lines += [
+                _code(f"kernel {number} of {len(e.kernels)}: {kernel.title}"),
+                "",
+                "| metric | head | base | change |",
+                "| --- | ---: | ---: | ---: |",
+            ]
+            for row in kernel.rows():
+                cells = [_cell(c) for c in (row.label, row.head, row.base, row.change)]
+                lines.append("| " + " | ".join(f"**{c}**" if row.moved else c for c in cells) + " |")
+            lines.append("")
+        lines += ["</details>", ""]
+    if len(cases) > MAX_EXPLAINED:
+        lines += [f"…and {len(cases) - MAX_EXPLAINED} more explained cases: see the HTML report.", ""]
+    return lines
 
 
 def _table_rows(report: Report) -> list[str]:
@@ -183,6 +222,7 @@ def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, 
     if report.errors:
         head += ["#### Session errors", "", *[f"- {_cell(e)}" for e in report.errors], ""]
     head += _attention(report)
+    head += _explained(report)
     charts: list[str] = []
     for device, test, cases in report.tests():
         name = report.devices.get(device, {}).get("name", device)

@@ -6,6 +6,10 @@ would import the plugin of that revision, which may lack the A/B gate, the bisec
 probe, or decide differently. So the running plugin is copied once into a folder, and pytest is started
 through a launcher beside the copy: the script's folder comes first on ``sys.path``, so every revision is
 judged by the same plugin. The working directory follows it, as under ``python -m pytest``.
+
+The launcher names the plugin with ``-p`` where pytest would not load it by itself: not installed (a
+checkout on PYTHONPATH), or plugin autoloading off. It asks in the child, on the child's own path, because
+naming it when its entry point loads it too would register it twice, which pytest refuses.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ PYTEST_LAUNCHER = "perfguard_pytest.py"
 _LAUNCHER_TEXT = '''"""Runs pytest with the pinned copy of pytest_perfguard beside this file (written by perfguard)."""
 import os
 import sys
+from importlib.metadata import entry_points
 
 import pytest
 
@@ -27,7 +32,12 @@ import pytest
 # under python -m pytest. Importing the plugin here would keep pytest from rewriting its asserts.
 sys.path.insert(1, os.getcwd())
 
-sys.exit(pytest.console_main())
+PLUGIN = "pytest_perfguard.plugin"
+installed = any(ep.value.split(":")[0] == PLUGIN for ep in entry_points(group="pytest11"))
+if not installed or os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+    sys.argv[1:1] = ["-p", PLUGIN]  # a checkout on PYTHONPATH: no entry point loads it
+
+sys.exit(pytest.main())  # the arguments are sys.argv[1:]
 '''
 
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .explanation import Explanation
+from .jsonio import Invalid
+
 
 class Status(str, Enum):
     """A case's verdict. The values are the words users see in tables and files."""
@@ -113,6 +116,7 @@ class CaseRecord:
     baseline_hold: str | None = None
     sticky: bool = False  # the case poisoned the CUDA context
     crashed: bool = False  # its worker process died while running it
+    explain: Explanation | None = None  # Nsight Compute's head/base diff, attached by `perfguard explain`
 
     @property
     def timed(self) -> bool:
@@ -132,6 +136,8 @@ class CaseRecord:
                 value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
+            elif isinstance(value, Explanation):
+                value = value.to_json()
             out[f.name] = value
         return out
 
@@ -153,6 +159,10 @@ class CaseRecord:
             raise RecordError(str(exc)) from None
         for key in ("ci_ns", "ratio_ci"):
             data[key] = _interval(data.get(key))
+        try:
+            data["explain"] = None if data.get("explain") is None else Explanation.from_json(data["explain"])
+        except Invalid as exc:
+            raise RecordError(f"field 'explain': {exc}") from None
         return cls(**data)
 
 

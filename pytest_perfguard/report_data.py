@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .explanation import lenient
 from .merge import runs_of
 from .record import Status
 from .results_io import ResultRecord
@@ -239,6 +240,7 @@ def _rec(record: Mapping[str, Any]) -> ResultRecord:
         verdict=_status(record.get("verdict")),
         reasons=_strings(record.get("reasons")),
         ab=record.get("ab") if isinstance(record.get("ab"), dict) else None,
+        explain=lenient(record.get("explain")),
     )
 
 
