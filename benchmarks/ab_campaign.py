@@ -190,6 +190,7 @@ def main() -> int:
     ap.add_argument("--aa-runs", type=int, default=0, help="A/A runs (default: as many as the time allows)")
     ap.add_argument("--no-aa", action="store_true", help="no A/A run: plants are sized from the plain run")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain --perfguard run")
+    ap.add_argument("--reference", type=Path, help="size the plants from this results file (same GPU model)")
     ap.add_argument("--summarize", type=Path, nargs="+", metavar="DIR", help="only summarise these folders")
     args = ap.parse_args()
     if args.summarize:
@@ -214,9 +215,13 @@ def main() -> int:
         return doc
 
     reference: dict[tuple[str, str], float] = {}
+    if args.reference:
+        reference = {
+            (r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(json.loads(args.reference.read_text()))
+        }
     if not args.no_plain:
         doc = suite("plain", "plain", [])
-        reference = {(r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(doc)}
+        reference = reference or {(r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(doc)}
     reserve = 200.0 * len(plants) + (200.0 if args.config_plant else 0.0)
     i = 0
     while not args.no_aa and (i < args.aa_runs if args.aa_runs else fits("ab", 170.0 + reserve)):

@@ -508,7 +508,7 @@ class Runner:
             policy = self.state.policy()
             ratios = m.ab_ratios()
             gate = (
-                ab_gate(ratios, policy, s.ab_margin)
+                ab_gate(ratios, policy, s.ab_margin_for(m.time.estimate))
                 if twin.ok
                 else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
             )

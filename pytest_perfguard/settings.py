@@ -25,7 +25,12 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 DEFAULT_MARGIN = 0.05  # the A/A rates behind it: benchmarks/results/README.md
-DEFAULT_AB_MARGIN = 0.015  # head vs base in one process: benchmarks/results/ab_2026-11-23.md
+# Head vs base in one process (benchmarks/results/ab_2026-11-23/README.md): cases under AB_SMALL_NS spread
+# wider between two loaded copies of the same code than their in-process interval shows, so they get the
+# wider margin.
+DEFAULT_AB_MARGIN = 0.010
+DEFAULT_AB_SMALL_MARGIN = 0.015
+AB_SMALL_NS = 20_000.0
 
 
 def _fraction(value: float) -> None:
@@ -116,6 +121,13 @@ SPECS: tuple[Spec, ...] = (
         "(the A/B gate)",
     ),
     Spec("ab_margin", "float", DEFAULT_AB_MARGIN, "margin of the A/B gate (head vs base revision)", _fraction),
+    Spec(
+        "ab_small_margin",
+        "float",
+        DEFAULT_AB_SMALL_MARGIN,
+        "margin of the A/B gate for cases under 20 us, whose A/A spread is wider (never below ab_margin)",
+        _fraction,
+    ),
     Spec("baseline_dir", "path", ".ci/baselines", "folder of the per-device baseline JSON files"),
     Spec(
         "margin",
@@ -168,6 +180,7 @@ class Settings:
     seed: int | None = None
     against: str | None = None
     ab_margin: float = DEFAULT_AB_MARGIN
+    ab_small_margin: float = DEFAULT_AB_SMALL_MARGIN
     baseline_dir: Path = Path(".ci/baselines")
     margin: float = DEFAULT_MARGIN
     ci_target: float = 0.01
@@ -187,6 +200,10 @@ class Settings:
     @property
     def json_path(self) -> Path | None:
         return self.json
+
+    def ab_margin_for(self, time_ns: float) -> float:
+        """The A/B gate's margin for a case of this time: the small-case one under AB_SMALL_NS."""
+        return self.ab_margin if time_ns >= AB_SMALL_NS else max(self.ab_margin, self.ab_small_margin)
 
     def child_env(self) -> dict[str, str]:
         """The environment that gives a fresh process these settings (paths absolute)."""

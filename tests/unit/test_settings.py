@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_perfguard.settings import BY_NAME, SPECS, Settings, convert, options_table
+from pytest_perfguard.settings import AB_SMALL_NS, BY_NAME, SPECS, Settings, convert, options_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -56,3 +56,11 @@ def test_child_env_round_trips_every_project_setting(tmp_path: Path) -> None:
 def test_bad_values_say_what_is_expected(name: str, raw: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         convert(raw, BY_NAME[name])
+
+
+def test_the_ab_margin_widens_for_small_cases_and_never_narrows() -> None:
+    s = Settings()
+    assert s.ab_margin_for(AB_SMALL_NS) == s.ab_margin == 0.01
+    assert s.ab_margin_for(AB_SMALL_NS - 1) == s.ab_small_margin == 0.015
+    wide = Settings(ab_margin=0.03, ab_small_margin=0.015)
+    assert wide.ab_margin_for(5_000.0) == 0.03  # a user's wider margin holds for small cases too
