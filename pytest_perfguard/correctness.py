@@ -10,6 +10,7 @@ at most twice that error, plus a small epsilon), with an absolute/relative backs
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,35 @@ class SeedReport:
     rel_fro: float
     worst_index: tuple[int, ...]
     native_max_abs: float | None
+    call_s: float = 0.0  # wall time of the variant's call, synchronised
+
+
+@dataclass
+class Oracle:
+    """What the float64 oracle said about one set of input values.
+
+    The correctness gate keeps those of its first seeds, so that the timed-output check (integrity.py) can
+    judge outputs on the same values without computing the reference again: for a large case the reference
+    is the most expensive part of that check (benchmarks/results/integrity_2026-11-23/README.md).
+    """
+
+    seed: int
+    values: list[tuple[str, torch.Tensor]]  # untouched copies of the tensor inputs
+    ref: torch.Tensor  # the reference on float64 copies, on the inputs' device
+    native_dtype: torch.dtype | None  # the dtype of the reference run on the inputs as they are
+    native_err: float | None  # that native-precision path's max error against `ref`, where `ref` is finite
+
+    def fits(self, inputs: Inputs) -> bool:
+        """The inputs have these names, shapes, dtypes and devices: these values could be copied into them."""
+        return [(n, t.shape, t.dtype, t.device) for n, t in tensors_of(inputs)] == [
+            (n, t.shape, t.dtype, t.device) for n, t in self.values
+        ]
+
+    def matches(self, inputs: Inputs) -> bool:
+        """The inputs hold exactly these values (a factory that repeats its values for a seed)."""
+        return self.fits(inputs) and all(
+            torch.equal(a.detach(), b) for (_, a), (_, b) in zip(tensors_of(inputs), self.values, strict=True)
+        )
 
 
 @dataclass
@@ -69,6 +99,7 @@ class CorrectnessReport:
     per_seed: list[SeedReport] = field(default_factory=list)
     message: str = ""
     dtype: str = ""
+    oracles: list[Oracle] = field(default_factory=list, repr=False)  # the first `keep` seeds' (see `check`)
 
     @property
     def max_abs(self) -> float:
@@ -170,7 +201,10 @@ def check_once(
     make_inputs: Callable[[int], Inputs],
     seed: int,
     overrides: Sequence[Mapping[Any, Mapping[str, float]] | None],
-) -> SeedReport:
+    *,
+    around: Callable[[Callable[[], Any]], Any] | None = None,
+) -> tuple[SeedReport, Oracle]:
+    """One seed: the variant's call (through `around`, when given) judged against the oracle."""
     inputs = make_inputs(seed)
     tensors = tensors_of(inputs)
     if not tensors:
@@ -180,15 +214,69 @@ def check_once(
     device = tensors[0][1].device
 
     poison_allocator(inputs)
-    out = fn(*inputs[0], **inputs[1])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    t0 = time.monotonic()
+
+    def call() -> Any:
+        result = fn(*inputs[0], **inputs[1])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return result
+
+    out = call() if around is None else around(call)
+    call_s = time.monotonic() - t0
 
     changed = modified_input(untouched, tensors)
     if changed:
         raise CorrectnessFailure(f"input {changed} was modified in place by the variant (seed {seed})")
 
-    return judge_output(out, inputs, reference, overrides, seed=seed, upcast=upcast)
+    _plain_tensor(out, seed)
+    oracle = oracle_of(inputs, reference, seed=seed, upcast=upcast, values=untouched)
+    report = judge_output(out, inputs, reference, overrides, seed=seed, oracle=oracle)
+    report.call_s = call_s
+    return report, oracle
+
+
+def _plain_tensor(out: Any, seed: int) -> None:
+    if type(out) is not torch.Tensor:
+        raise CorrectnessFailure(
+            f"the variant returned {type(out).__name__}, expected a plain torch.Tensor (seed {seed})"
+        )
+
+
+def oracle_of(
+    inputs: Inputs,
+    reference: Callable[..., Any],
+    *,
+    seed: int,
+    upcast: Inputs | None = None,
+    values: list[tuple[str, torch.Tensor]] | None = None,
+) -> Oracle:
+    """The reference on float64 copies of `inputs`, and the error of the reference run on them as they are."""
+    if upcast is None:
+        upcast = _map_inputs(inputs, _upcast)
+    tensors = tensors_of(inputs)
+    device = tensors[0][1].device
+    ref = reference(*upcast[0], **upcast[1])
+    if not isinstance(ref, torch.Tensor):
+        raise CorrectnessFailure(f"the reference returned {type(ref).__name__}, expected a torch.Tensor")
+    r = ref.detach().to(torch.float64).to(device)
+    native: torch.Tensor | None
+    try:
+        native_out = reference(*_map_inputs(inputs, lambda t: t.detach().clone())[0], **inputs[1])
+        native = native_out if isinstance(native_out, torch.Tensor) else None
+    except Exception:  # some reference paths have no native half-precision kernel on some devices
+        native = None
+    native_err: float | None = None
+    if native is not None and tuple(native.shape) == tuple(r.shape):
+        nd = (native.detach().to(torch.float64).to(device) - r).abs()
+        native_err = float(torch.where(torch.isfinite(r), nd, torch.zeros_like(nd)).max()) if nd.numel() else 0.0
+    return Oracle(
+        seed=seed,
+        values=values if values is not None else [(name, t.detach().clone()) for name, t in tensors],
+        ref=r,
+        native_dtype=native.dtype if native is not None else None,
+        native_err=native_err,
+    )
 
 
 def judge_output(
@@ -199,30 +287,20 @@ def judge_output(
     *,
     seed: int,
     upcast: Inputs | None = None,
+    oracle: Oracle | None = None,
 ) -> SeedReport:
     """Judges one output against the float64 oracle on `inputs`: type, shape, dtype, device, unwritten
-    elements and the error bounds. The timed-output check (integrity.py) reuses it on a replay's output."""
-    if upcast is None:
-        upcast = _map_inputs(inputs, _upcast)
+    elements and the error bounds. The timed-output check (integrity.py) reuses it on a replay's output,
+    with the oracle the gate kept for those values (`oracle`), or a new one."""
     tensors = tensors_of(inputs)
     floats = [t for _, t in tensors if t.is_floating_point()]
     in_dtype = floats[0].dtype if floats else tensors[0][1].dtype
     device = tensors[0][1].device
-    if type(out) is not torch.Tensor:
-        raise CorrectnessFailure(
-            f"the variant returned {type(out).__name__}, expected a plain torch.Tensor (seed {seed})"
-        )
-
-    ref = reference(*upcast[0], **upcast[1])
-    if not isinstance(ref, torch.Tensor):
-        raise CorrectnessFailure(f"the reference returned {type(ref).__name__}, expected a torch.Tensor")
-    native: torch.Tensor | None
-    try:
-        native_out = reference(*_map_inputs(inputs, lambda t: t.detach().clone())[0], **inputs[1])
-        native = native_out if isinstance(native_out, torch.Tensor) else None
-    except Exception:  # some reference paths have no native half-precision kernel on some devices
-        native = None
-    expected_dtype = native.dtype if native is not None else in_dtype
+    _plain_tensor(out, seed)
+    if oracle is None:
+        oracle = oracle_of(inputs, reference, seed=seed, upcast=upcast)
+    ref = oracle.ref
+    expected_dtype = oracle.native_dtype if oracle.native_dtype is not None else in_dtype
 
     if tuple(out.shape) != tuple(ref.shape):
         raise CorrectnessFailure(f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)} (seed {seed})")
@@ -232,7 +310,7 @@ def judge_output(
         raise CorrectnessFailure(f"output on {out.device}, inputs on {device} (seed {seed})")
 
     o = out.detach().to(torch.float64)
-    r = ref.detach().to(torch.float64).to(o.device)
+    r = ref
     ref_finite = torch.isfinite(r)
     bad = ~torch.isfinite(o) & ref_finite
     if bool(bad.any()):
@@ -255,10 +333,7 @@ def judge_output(
     rel_fro = float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm > 0 else (0.0 if max_abs == 0 else math.inf)
 
     tol = resolve_tolerance(expected_dtype, overrides)
-    native_err: float | None = None
-    if native is not None:
-        nd = (native.detach().to(torch.float64).to(o.device) - r).abs()
-        native_err = float(torch.where(ref_finite, nd, torch.zeros_like(nd)).max()) if nd.numel() else 0.0
+    native_err = oracle.native_err
     detail = (
         f"max abs error {max_abs:.3g} at index {worst} (output {float(o.flatten()[flat]):.6g}, reference "
         f"{float(r.flatten()[flat]):.6g}), relative Frobenius error {rel_fro:.3g}"
@@ -290,14 +365,26 @@ def check(
     make_inputs: Callable[[int], Inputs],
     seeds: Sequence[int],
     overrides: Sequence[Mapping[Any, Mapping[str, float]] | None] = (),
+    *,
+    keep: int = 0,
+    around_last: Callable[[Callable[[], Any]], Any] | None = None,
 ) -> CorrectnessReport:
-    """Runs the gate for every seed; stops at the first failing seed and says which one it was."""
+    """Runs the gate for every seed; stops at the first failing seed and says which one it was.
+
+    `keep`: how many of the first seeds' oracles (input values and reference) the report keeps for later
+    checks. `around_last` wraps the variant's call on the last seed, by then warm (the silent-fallback check
+    profiles it)."""
     report = CorrectnessReport(passed=True, seeds=list(seeds))
-    for seed in seeds:
+    for i, seed in enumerate(seeds):
+        around = around_last if i == len(seeds) - 1 else None
         try:
-            report.per_seed.append(check_once(fn, reference, make_inputs, seed, overrides))
+            one, oracle = check_once(fn, reference, make_inputs, seed, overrides, around=around)
         except CorrectnessFailure as exc:
             report.passed = False
             report.message = f"{exc}. Seeds drawn for this run: {list(seeds)}; reproduce with --perfguard-seed={seed}"
+            report.oracles.clear()
             break
+        report.per_seed.append(one)
+        if i < keep:
+            report.oracles.append(oracle)
     return report

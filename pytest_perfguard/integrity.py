@@ -2,21 +2,25 @@
 
 The correctness gate checks calls made for it; a kernel can still return a cached, stale, unfinished or
 lazy result while it is timed, hide its work from the events, patch the timer, or fall back to the
-reference it claims to beat. Each check here runs outside the timed window and, when it sees one of
-these, returns a message that names what it saw; the runner fails the case as FLAGGED.
+reference it claims to beat, or take a shortcut on a constant input that real inputs never allow. Each
+check here runs outside the timed window and, when it sees one of these, returns a message that names what
+it saw; the runner fails the case as FLAGGED. The runner records each check's wall time per case
+(`CaseRecord.checks`); what a process pays once (`warm_up`) is paid before its first case and reported apart.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from . import timing
-from .correctness import CorrectnessFailure, Inputs, judge_output, modified_input, tensors_of
+from . import peaks, timing
+from .correctness import CorrectnessFailure, Inputs, Oracle, judge_output, modified_input, tensors_of
 
 Overrides = Sequence[Any]
 
@@ -86,46 +90,61 @@ def timed_outputs(
     outputs: dict[int, object],
     sample: Callable[[], object] | None,
     inputs: Inputs,
-    refill: Inputs,
     reference: Callable[..., Any],
     overrides: Overrides,
     *,
     seed: int,
+    oracles: Sequence[Oracle] = (),
+    fresh: Callable[[], tuple[int, Inputs]] | None = None,
 ) -> str | None:
     """What was timed is what was checked: the message of the first failure, or None.
 
-    1. The output of the last timed call on input copy 0 is judged against the oracle on that copy.
-    2. Copy 0's inputs are overwritten in place with fresh values (seed `seed`), the output is poisoned
-       with NaN, and the timed sample runs once more (a graph replay on CUDA). Its output must match the
-       oracle on the new values, and the inputs must be unchanged. A result cached by pointer or shape,
-       memory holding an earlier answer, work that is not in the replay, a shortcut keyed on the test's
-       inputs, or a kernel that behaves differently once timed, all fail here.
+    1. The output of the last timed call on input copy 0 (`inputs`, drawn with `seed`) is judged against
+       the oracle on that copy.
+    2. Copy 0's inputs are overwritten in place with other values, the output is poisoned with NaN, and the
+       timed sample runs once more (a graph replay on CUDA). Its output must match the oracle on the new
+       values, and the inputs must be unchanged. A result cached by pointer or shape, memory holding an
+       earlier answer, work that is not in the replay, or a kernel that behaves differently once timed,
+       all fail here: none of them can answer for values that were never at these addresses.
     The inputs get their original values back afterwards.
+
+    `oracles` are the correctness gate's (its first seeds): the one whose values equal `inputs` judges step
+    1, and one with other values is step 2's refill, so neither step computes the reference again. Where
+    none fits (one seed, or a test whose inputs differ between two calls with one seed), the reference is
+    computed, on values from `fresh()` for step 2.
     """
     first = outputs.get(0)
+    now = next((o for o in oracles if o.matches(inputs)), None)
     where = "the output of the last timed call"
     try:
-        judge_output(first, inputs, reference, overrides, seed=seed)
+        judge_output(first, inputs, reference, overrides, seed=seed, oracle=now)
     except CorrectnessFailure as exc:
         return f"timed output wrong: {where} fails the check that its correctness calls passed: {exc}"
     if sample is None:
         return None
     tensors = tensors_of(inputs)
-    original = [(name, t.detach().clone()) for name, t in tensors]
+    later = next((o for o in oracles if o is not now and o.fits(inputs) and not o.matches(inputs)), None)
+    if later is not None:
+        new_seed, new_values, oracle = later.seed, later.values, later
+    elif fresh is not None:
+        new_seed, new_inputs = fresh()
+        new_values, oracle = [(name, t.detach()) for name, t in tensors_of(new_inputs)], None
+    else:
+        return None
+    original = now.values if now is not None else [(name, t.detach().clone()) for name, t in tensors]
     try:
-        for (_, t), (_, new) in zip(tensors, tensors_of(refill), strict=True):
+        for (_, t), (_, new) in zip(tensors, new_values, strict=True):
             t.copy_(new)
-        fresh = [(name, t.detach().clone()) for name, t in tensors]
         if isinstance(first, torch.Tensor) and first.is_floating_point():
             first.fill_(math.nan)
         sample()
         if tensors[0][1].is_cuda:
-            torch.cuda.synchronize()
-        changed = modified_input(fresh, tensors)
+            torch.cuda.synchronize(tensors[0][1].device)
+        changed = modified_input(new_values, tensors)
         if changed:
-            return f"input mutation: the timed calls modified input {changed} in place (seed {seed})"
+            return f"input mutation: the timed calls modified input {changed} in place (seed {new_seed})"
         try:
-            judge_output(outputs.get(0), inputs, reference, overrides, seed=seed)
+            judge_output(outputs.get(0), inputs, reference, overrides, seed=new_seed, oracle=oracle)
         except CorrectnessFailure as exc:
             return (
                 "timed output wrong: a replay of the timed calls on new input values, outside the timed window, "
@@ -171,36 +190,213 @@ def unseen_work(gap_ns: float, sample_ns: float, overhead_ns: float, reps: int) 
     )
 
 
-# ------------------------------------------------------------------------------------ input sanity
+# ------------------------------------------------------------------------------------ degenerate inputs
 
 
-def degenerate_input(inputs: Inputs) -> str | None:
-    """A floating input whose elements are all equal: a kernel may shortcut it, and its output proves little."""
+@dataclass(frozen=True)
+class Constant:
+    """A floating input whose elements all hold one finite value: an all-ones weight, a zero bias, a zero q."""
+
+    name: str
+    value: float
+    numel: int
+
+    def describe(self) -> str:
+        return f"{self.name} holds one value ({self.value:g}) in all {self.numel} elements"
+
+
+def constant_inputs(inputs: Inputs) -> list[Constant]:
+    """The floating inputs of more than one element that hold a single finite value."""
+    found = []
     for name, t in tensors_of(inputs):
         if t.is_floating_point() and t.numel() > 1:
             flat = t.detach().flatten()
-            if bool((flat == flat[0]).all()):
-                return (
-                    f"degenerate input: {name} holds one value ({float(flat[0]):g}) in all {t.numel()} elements; "
-                    "a kernel "
-                    "may return a constant or shortcut for it. Draw random inputs (torch.randn) in the test"
-                )
-    return None
+            first = flat[0]
+            if bool(torch.isfinite(first) & (flat == first).all()):
+                found.append(Constant(name, float(first), t.numel()))
+    return found
+
+
+def randomised(inputs: Inputs, constants: Sequence[Constant], seed: int) -> Inputs:
+    """`inputs` with each constant tensor replaced by random values of its shape, dtype and device.
+
+    Around the constant, so the domain a test chose stays: c x U(0.5, 1.5) keeps a weight's sign and size
+    and a variance positive; zero becomes U(0, 1). The other inputs are the same tensors.
+    """
+    values = {c.name: c.value for c in constants}
+    generators: dict[torch.device, torch.Generator] = {}
+
+    def fresh(name: str, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or name not in values:
+            return t
+        if t.device not in generators:
+            generators[t.device] = torch.Generator(device=t.device).manual_seed(seed)
+        u = torch.rand(t.shape, generator=generators[t.device], device=t.device, dtype=torch.float32)
+        c = values[name]
+        return (c * (0.5 + u) if c != 0 else u).to(t.dtype)
+
+    args, kwargs = inputs
+    return (
+        tuple(fresh(f"arg{i}", a) for i, a in enumerate(args)),
+        {k: fresh(k, v) for k, v in kwargs.items()},
+    )
+
+
+# A shortcut: the randomised copy's fastest sample is at least SHORTCUT_FACTOR x the constant input's, over
+# CONFIRM_ROUNDS alternating samples of each. Noise (another process, a descheduled thread) only adds time,
+# so the fastest sample of each side is its time, and an honest kernel's two differ by far less than 2x;
+# GPUs draw less power on constant or zero data and may run a little faster on it, which is not flagged
+# either. A shortcut skips work and clears the bar easily (the catalogue's: 10x and more). The first look
+# at the copy spends at most SCREEN_SHARE of the measurement's time (1 to 3 rounds of a sample per side).
+SHORTCUT_FACTOR = 2.0
+CONFIRM_ROUNDS = 9
+SCREEN_SHARE = 0.03
+
+
+Sample = Callable[[], timing.SampleTime]
+
+
+def _fastest(samples: dict[str, Sample], rounds: int, order: random.Random) -> dict[str, float]:
+    """The fastest per-call time of each side over `rounds` rounds, the sides in a random order each round."""
+    times: dict[str, list[float]] = {side: [] for side in samples}
+    for _ in range(rounds):
+        sides = list(samples.items())
+        order.shuffle(sides)
+        for side, sample in sides:
+            times[side].append(sample().device_ns)
+    return {side: min(t) for side, t in times.items()}
+
+
+@dataclass(frozen=True)
+class DegenerateResult:
+    flag: str | None  # the case's failure, or None
+    note: str  # what was seen, for the record's notes
+
+
+def degenerate_inputs(
+    variant: Callable[..., Any],
+    first: Inputs,
+    constants: Sequence[Constant],
+    timer: timing.Timer,
+    measured: Sample,
+    *,
+    reps: int,
+    degenerate_ns: float,
+    spent_ns: float,
+    reference: Callable[..., Any],
+    overrides: Overrides,
+    seed: int,
+) -> DegenerateResult:
+    """A test may feed a constant input (an all-ones weight, a zero bias), and an honest kernel computes it
+    like any other. The lie to catch is a kernel that takes a shortcut on it, so that its time says nothing
+    of real inputs: timed on its constant input and on a randomised copy of the same shape, it is much
+    faster on the constant one. And a kernel whose output is right only for the constant (one that ignores
+    an all-ones weight) is wrong on the copy.
+
+    The copy is timed with the measurement's timer and `reps`, alternating with `measured` (the
+    measurement's own sample on the constant inputs, `degenerate_ns` per call); only when the copy's fastest
+    sample reads SHORTCUT_FACTOR x the constant's are both sides timed again, alternating, CONFIRM_ROUNDS
+    samples each, and the fastest of each compared. The output of the copy's timed calls is judged against
+    the reference on the copy.
+    """
+    what = "; ".join(c.describe() for c in constants)
+    rand = randomised(first, constants, seed)
+    box: dict[str, object] = {}
+
+    def on_copy() -> object:
+        box["out"] = out = variant(*rand[0], **rand[1])
+        return out
+
+    try:
+        copy_sample = timer.prepare([on_copy] * reps)
+        screens = max(1, min(3, int(SCREEN_SHARE * spent_ns / max(2 * degenerate_ns * reps, 1.0))))
+        fastest = _fastest({"constant": measured, "copy": copy_sample}, screens, random.Random(seed))
+    except Exception as exc:  # a kernel may refuse values outside its domain: no judgement, and said so
+        return DegenerateResult(
+            None,
+            f"degenerate input: {what}; not checked: the variant raised {type(exc).__name__} on a randomised copy "
+            f"(seed {seed}): {exc}",
+        )
+    try:
+        judge_output(box.get("out"), rand, reference, overrides, seed=seed)
+    except CorrectnessFailure as exc:
+        return DegenerateResult(
+            f"degenerate input: {what}, and on a randomised copy of the same shape the variant's output fails "
+            f"the check: {exc}. The kernel may rely on that value: test it with random values (torch.randn)",
+            "",
+        )
+    ratio = fastest["copy"] / max(fastest["constant"], 1e-9)
+    if ratio < SHORTCUT_FACTOR:
+        return DegenerateResult(
+            None,
+            f"degenerate input: {what}; a randomised copy read {ratio:.2f}x its time and computed the right "
+            "output: no shortcut",
+        )
+
+    def on_constant() -> object:
+        return variant(*first[0], **first[1])
+
+    constant_sample = timer.prepare([on_constant] * reps)
+    fastest = _fastest({"constant": constant_sample, "copy": copy_sample}, CONFIRM_ROUNDS, random.Random(seed + 1))
+    fast, slow = fastest["constant"], fastest["copy"]
+    ratio = slow / max(fast, 1e-9)
+    seen = (
+        f"the variant takes {fast / 1e3:.3g} us per call on it vs {slow / 1e3:.3g} us on random data of the same "
+        f"shape (the fastest of {CONFIRM_ROUNDS} alternating samples each: {ratio:.1f}x)"
+    )
+    if ratio >= SHORTCUT_FACTOR:
+        return DegenerateResult(
+            f"shortcut on degenerate input: {what}; {seen}: its time would not hold for real inputs. Time it on "
+            "random data (torch.randn)",
+            "",
+        )
+    return DegenerateResult(None, f"degenerate input: {what}; {seen}: not a shortcut")
 
 
 # --------------------------------------------------------------------------------- silent fallback
 
 
-def profiled_names(call: Callable[[], object], cuda: bool) -> set[str]:
-    """The operator and kernel names one call runs, from torch.profiler (aten ops on CPU, kernels on CUDA)."""
+def profiled_call(call: Callable[[], Any], device: torch.device | None) -> tuple[Any, set[str], float]:
+    """One call under torch.profiler: its result, the operator and kernel names it ran (aten ops on CPU,
+    kernels too on CUDA, where `device` is the CUDA device), and the seconds the profiler's own start, stop
+    and parse took."""
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = device is not None and device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        call()
+    t0 = time.monotonic()
+    prof = profile(activities=activities)
+    prof.start()
+    started = time.monotonic()
+    try:
+        out = call()
         if cuda:
-            torch.cuda.synchronize()
-    return {str(e.key) for e in prof.key_averages()}
+            torch.cuda.synchronize(device)
+    finally:
+        called = time.monotonic()
+        prof.stop()
+    names = {str(e.key) for e in prof.key_averages()}
+    return out, names, (started - t0) + (time.monotonic() - called)
+
+
+def profiled_names(call: Callable[[], object], cuda: bool) -> set[str]:
+    """The operator and kernel names one call runs."""
+    return profiled_call(call, torch.device("cuda", torch.cuda.current_device()) if cuda else None)[1]
+
+
+class ProfiledCall:
+    """Wraps a call in torch.profiler and keeps what it saw: the correctness gate's last call goes through
+    one, so the silent-fallback check needs no call of its own (a slow kernel's call would be most of the
+    check's cost)."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.names: set[str] | None = None
+        self.own_s = 0.0  # the profiler's start, stop and parse
+
+    def __call__(self, call: Callable[[], Any]) -> Any:
+        out, self.names, self.own_s = profiled_call(call, self.device)
+        return out
 
 
 def forbidden_kernel(names: set[str], not_kernels: Sequence[str]) -> str | None:
@@ -213,3 +409,30 @@ def forbidden_kernel(names: set[str], not_kernels: Sequence[str]) -> str | None:
         f"silent fallback: the variant ran {shown}, which it declares it does not use "
         f"(not_kernels={list(not_kernels)}); it is timing another implementation"
     )
+
+
+# ---------------------------------------------------------------------------------- one-time costs
+
+
+def warm_up(device: str, *, profiler: bool) -> dict[str, float]:
+    """Pays the checks' one-time costs of this process before its first case, and says what they were.
+
+    The first torch.profiler session of a process starts Kineto (and CUPTI on CUDA): 4.3 s on a CPU host
+    and about 3.8 s on an H100 (benchmarks/results/integrity_2026-11-23), against milliseconds for every
+    later one. Inside a case it would be that case's check cost; here it is reported once, per process. On
+    CUDA the device's peaks are looked up too (NVML), once.
+    """
+    costs: dict[str, float] = {}
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if profiler:
+        t0 = time.monotonic()
+        x = torch.zeros(16, device=dev)
+        profiled_call(lambda: x.add_(1), dev if dev.type == "cuda" else None)
+        costs["profiler_s"] = round(time.monotonic() - t0, 4)
+    if dev.type == "cuda":
+        t0 = time.monotonic()
+        peaks.device_peak(dev.index if dev.index is not None else 0)
+        costs["device_peak_s"] = round(time.monotonic() - t0, 4)
+    return costs

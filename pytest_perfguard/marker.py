@@ -39,8 +39,8 @@ class Variant:
     """One implementation under guard, with what it needs and its own limits.
 
     not_kernels: substrings of operator or kernel names the variant declares it never runs (e.g.
-    "scaled_dot_product" for a kernel that claims to replace SDPA). Once per case, outside the timed
-    window, one call is profiled; a name that matches fails the case as a silent fallback.
+    "scaled_dot_product" for a kernel that claims to replace SDPA). Under --perfguard the correctness gate's
+    last call is profiled; a name that matches fails the case as a silent fallback.
     """
 
     fn: Callable[..., Any]

@@ -7,6 +7,7 @@ peaks are upper bounds, so the check only ever rejects the impossible.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -120,6 +121,16 @@ def device_spec(index: int, nvml: Callable[[], Any] | None = None) -> DeviceSpec
         )
     except Exception:
         return spec
+
+
+@functools.cache
+def device_peak(index: int) -> tuple[str, Peak | None]:
+    """CUDA device `index`'s name and peaks, looked up once per process: a fact of the hardware, and NVML's
+    queries are not free."""
+    from .device import nvml
+
+    spec = device_spec(index, nvml)
+    return spec.name, peak_for(spec)
 
 
 def impossible_speed(peak: Peak, *, tflops: float | None, gbps: float | None) -> str | None:

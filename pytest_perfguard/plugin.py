@@ -93,6 +93,30 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         state.progress = line.callback if line is not None and line.live else None
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The checks' one-time costs, paid here, before the first case, in every process that runs cases (an
+    xdist controller collects nothing and never gets here); a fresh confirmation process pays its own."""
+    state = state_of(session.config)
+    if not state.settings.enabled or not session.items:
+        return
+    from .integrity import warm_up
+
+    costs = warm_up(state.settings.device, profiler=any(_declares_kernels(item) for item in session.items))
+    if costs:
+        state.warmups.append(costs)
+
+
+def _declares_kernels(item: pytest.Item) -> bool:
+    """The item is a variant with `not_kernels`: its case profiles a call."""
+    mark = item.get_closest_marker(MARK_NAME)
+    callspec = getattr(item, "callspec", None)
+    if mark is None or callspec is None:
+        return False
+    case: PerfCase = mark.args[0]
+    variant = case.variants.get(callspec.params.get(VARIANT_ARG, ""))
+    return variant is not None and bool(variant.not_kernels)
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     state = state_of(config)
     if not state.settings.enabled:

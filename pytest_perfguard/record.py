@@ -101,7 +101,8 @@ class CaseRecord:
     gbps: float | None = None
     pct_peak_compute: float | None = None  # % of the device's peak for the inputs' dtype (peaks.py)
     pct_peak_bandwidth: float | None = None
-    checks_s: float | None = None  # device time the integrity checks took, outside the timed window
+    checks_s: float | None = None  # wall time the integrity checks took, outside the timed window
+    checks: dict[str, float] | None = None  # checks_s by check (integrity.py), in seconds
     # judgement
     gates: list[dict[str, Any]] = field(default_factory=list)
     mde: float | None = None

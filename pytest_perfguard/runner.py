@@ -7,6 +7,7 @@ workers only produce records, and the controller (session.py) merges, writes and
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import inspect
@@ -15,9 +16,9 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
@@ -28,14 +29,14 @@ from . import baseline as bl
 from . import integrity, peaks
 from .ab import Twin, base_arguments
 from .confirm import Confirmation, confirm_move, confirm_regression
-from .correctness import CorrectnessReport, Inputs, check
-from .device import Disturbances, incomparable, nvml
+from .correctness import CorrectnessReport, Inputs, Oracle, check
+from .device import Disturbances, incomparable
 from .locks import device_lock
 from .marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
 from .record import CaseRecord, Outcome, Status
 from .session import SessionState
 from .stats import relative_half_width
-from .timing import Call, MeasureConfig, Measurement, Progress, make_timer, measure, pooled
+from .timing import Call, MeasureConfig, Measurement, Progress, Timer, make_timer, measure, pooled
 from .verdict import Verdict, ab_gate, case_mde, decide, unpaired_gate
 from .watchdog import Deadline, deadline
 
@@ -147,6 +148,8 @@ class Trial:
     make_inputs: Callable[[int], Inputs]
     seeds: list[int]
     first: Inputs
+    oracles: list[Oracle] = field(default_factory=list)  # the correctness gate's, for the timed-output check
+    constants: list[integrity.Constant] = field(default_factory=list)  # inputs that hold one value
 
     def calls(self, fn: Callable[..., Any]) -> Callable[[int], Call]:
         """Input copy i -> a call of `fn` on it. Every side of a measurement shares the copies."""
@@ -250,7 +253,9 @@ class Runner:
         record.workload_desc = describe_workload(first)
         record.workload = workload_hash(record.workload_desc)
         self._stage = "correctness check"
-        report = self._correctness(record, case, variant, make_inputs, seeds, first)
+        checks: dict[str, float] = {}  # seconds per integrity check, outside the timed window
+        probe = self._fallback_probe(variant) if s.enabled else None
+        report = self._correctness(record, case, variant, make_inputs, seeds, first, probe)
         if not report.passed:
             return
         if not s.enabled:
@@ -262,25 +267,23 @@ class Runner:
             if s.strict:
                 self._fail(record, record.reasons[0])
             return
-        trial = Trial(case, variant_name, variant, params, make_inputs, seeds, first)
+        trial = Trial(case, variant_name, variant, params, make_inputs, seeds, first, report.oracles)
         twin = self._twin(trial, record) if s.against else None
         self._stage = "integrity checks"
-        t_checks = time.monotonic()
-        flag = self._before_timing(trial)
-        checks_s = time.monotonic() - t_checks
+        flag = self._before_timing(trial, report, probe, checks)
         if flag:
-            record.checks_s = round(checks_s, 4)
+            self._checks_spent(record, checks)
             self._flag(record, flag, [])
             return
         self._stage = "timing"
+        timer = make_timer(s.device, case.clock)
         t0 = time.monotonic()
-        m, verdict = self._measure_and_judge(trial, record, twin)
+        m, verdict = self._measure_and_judge(trial, record, twin, timer)
         self.state.timing_spent_s += time.monotonic() - t0
         self._record_timing(record, trial, m, verdict)
         self._stage = "integrity checks"
-        t_checks = time.monotonic()
-        flag = self._after_timing(trial, record, m)
-        record.checks_s = round(checks_s + time.monotonic() - t_checks, 4)
+        flag = self._after_timing(trial, record, m, timer, checks)
+        self._checks_spent(record, checks)
         if flag:
             self._flag(record, flag, verdict.notes)
             return
@@ -301,47 +304,115 @@ class Runner:
             for name in ("measure", "make_timer", "pooled")
         }
 
-    def _before_timing(self, trial: Trial) -> str | None:
-        """Checks that need no timing: a patched timer, degenerate inputs, a declared kernel that is not."""
-        patched = integrity.patched_timers(self._engine_bindings())
+    @contextlib.contextmanager
+    def _check(self, checks: dict[str, float], name: str) -> Iterator[None]:
+        """Adds the wall time of the block to `checks[name]`. On CUDA the block ends with a synchronise, so
+        the device work a check queued is its own cost, not the next step's. Enter it inside the device
+        lock: waiting for the lock is not a check's cost."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            if self.state.kind == "cuda":
+                torch.cuda.synchronize(torch.device(self.state.settings.device))
+            checks[name] = checks.get(name, 0.0) + time.monotonic() - t0
+
+    @staticmethod
+    def _checks_spent(record: CaseRecord, checks: dict[str, float]) -> None:
+        record.checks = {name: round(spent, 4) for name, spent in sorted(checks.items())}
+        record.checks_s = round(sum(checks.values()), 4)
+
+    def _fallback_probe(self, variant: Variant) -> integrity.ProfiledCall | None:
+        """The profiler wrapped around the correctness gate's last call, for a variant that declares
+        `not_kernels`."""
+        if not variant.not_kernels:
+            return None
+        return integrity.ProfiledCall(torch.device(self.state.settings.device) if self.state.kind == "cuda" else None)
+
+    def _before_timing(
+        self,
+        trial: Trial,
+        report: CorrectnessReport,
+        probe: integrity.ProfiledCall | None,
+        checks: dict[str, float],
+    ) -> str | None:
+        """Checks that need no timing: a patched timer, a declared kernel that is not, constant inputs."""
+        with self._check(checks, "patched timer"):
+            patched = integrity.patched_timers(self._engine_bindings())
         if patched:
             return integrity.patched_message(patched)
-        degenerate = integrity.degenerate_input(trial.first)
-        if degenerate:
-            return degenerate
-        if trial.variant.not_kernels:
-            args, kwargs = trial.first
-            with self._lock(exclusive=False):
-                names = integrity.profiled_names(
-                    lambda: trial.variant.fn(*args, **kwargs), cuda=self.state.kind == "cuda"
-                )
-            return integrity.forbidden_kernel(names, trial.variant.not_kernels)
+        if probe is not None and probe.names is not None:
+            # The profiled call is the gate's last; the check's cost is what the profiler added to it: that
+            # call's time minus the gate's previous, unprofiled call (at least the profiler's own start, stop
+            # and parse). With one seed there is no previous call, and the whole call counts.
+            profiled = report.per_seed[-1].call_s
+            plain = report.per_seed[-2].call_s if len(report.per_seed) > 1 else 0.0
+            checks["silent fallback"] = max(probe.own_s, profiled - plain)
+            fallback = integrity.forbidden_kernel(probe.names, trial.variant.not_kernels)
+            if fallback:
+                return fallback
+        with self._lock(exclusive=False), self._check(checks, "degenerate input"):
+            trial.constants = integrity.constant_inputs(trial.first)
         return None
 
-    def _after_timing(self, trial: Trial, record: CaseRecord, m: Measurement) -> str | None:
-        """What was timed is what was checked; the events saw the work; the speed is physically possible."""
-        patched = integrity.patched_timers(self._engine_bindings())
+    def _after_timing(
+        self, trial: Trial, record: CaseRecord, m: Measurement, timer: Timer, checks: dict[str, float]
+    ) -> str | None:
+        """What was timed is what was checked; the events saw the work; the speed is physically possible;
+        a constant input is not a shortcut."""
+        with self._check(checks, "patched timer"):
+            patched = integrity.patched_timers(self._engine_bindings())
         if patched:
             return integrity.patched_message(patched)
         s, case = self.state.settings, trial.case
-        seed = _draw_seeds(1, s.seed + 7919 if s.seed is not None else None)[0]
-        with self._lock(exclusive=True):
+        overrides = [case.tolerance, trial.variant.tolerance]
+
+        def fresh() -> tuple[int, Inputs]:
+            seed = _draw_seeds(1, s.seed + 7919 if s.seed is not None else None)[0]
+            return seed, trial.make_inputs(seed)
+
+        with self._lock(exclusive=True), self._check(checks, "timed outputs"):
             wrong = integrity.timed_outputs(
                 m.outputs,
                 m.sample,
                 trial.first,
-                trial.make_inputs(seed),
                 case.reference,
-                [case.tolerance, trial.variant.tolerance],
-                seed=seed,
+                overrides,
+                seed=trial.seeds[0],
+                oracles=trial.oracles,
+                fresh=fresh,
             )
         if wrong:
             return wrong
         if m.mode.startswith("cuda"):
-            hidden = integrity.unseen_work(m.gap_ns, m.sample_ns, m.overhead_ns, m.reps)
+            with self._lock(exclusive=True), self._check(checks, "unseen work"):
+                overhead = timer.overhead_ns()
+            hidden = integrity.unseen_work(m.gap_ns, m.sample_ns, overhead, m.reps)
             if hidden:
                 return hidden
-        return self._physics(record, trial, m)
+        with self._check(checks, "physics"):
+            impossible = self._physics(record, trial, m)
+        if impossible or not trial.constants:
+            return impossible
+        seed = _draw_seeds(1, s.seed + 104_729 if s.seed is not None else None)[0]
+        assert m.sample is not None  # measure() always returns the variant's sample
+        with self._lock(exclusive=True), self._check(checks, "degenerate input"):
+            seen = integrity.degenerate_inputs(
+                trial.variant.fn,
+                trial.first,
+                trial.constants,
+                timer,
+                m.sample,
+                reps=m.reps,
+                degenerate_ns=m.time.estimate,
+                spent_ns=m.elapsed_s * 1e9,
+                reference=case.reference,
+                overrides=overrides,
+                seed=seed,
+            )
+        if seen.note:
+            record.notes.append(seen.note)
+        return seen.flag
 
     def _physics(self, record: CaseRecord, trial: Trial, m: Measurement) -> str | None:
         """% of peak for the record, and the flag when a throughput exceeds the device's peak."""
@@ -349,10 +420,9 @@ class Runner:
             record.notes.append("physics check: not on CPU (no peak table for a host)")
             return None
         device = torch.device(self.state.settings.device)
-        spec = peaks.device_spec(device.index if device.index is not None else torch.cuda.current_device(), nvml)
-        peak = peaks.peak_for(spec)
+        name, peak = peaks.device_peak(device.index if device.index is not None else torch.cuda.current_device())
         if peak is None:
-            record.notes.append(f"physics check skipped: no peak known for {spec.name}")
+            record.notes.append(f"physics check skipped: no peak known for {name}")
             return None
         dtype = (record.correctness or {}).get("dtype", "")
         record.pct_peak_compute, record.pct_peak_bandwidth = (
@@ -388,9 +458,20 @@ class Runner:
         make_inputs: Callable[[int], Inputs],
         seeds: Sequence[int],
         first: Inputs,
+        probe: integrity.ProfiledCall | None = None,
     ) -> CorrectnessReport:
+        # Under --perfguard the first two seeds' oracles are kept for the timed-output check.
+        keep = 2 if self.state.settings.enabled else 0
         with self._lock(exclusive=False):
-            report = check(variant.fn, case.reference, make_inputs, seeds, [case.tolerance, variant.tolerance])
+            report = check(
+                variant.fn,
+                case.reference,
+                make_inputs,
+                seeds,
+                [case.tolerance, variant.tolerance],
+                keep=keep,
+                around_last=probe,
+            )
         floats = [t for t in [*first[0], *first[1].values()] if isinstance(t, torch.Tensor) and t.is_floating_point()]
         report.dtype = str(floats[0].dtype).replace("torch.", "") if floats else ""
         record.correctness = report.to_json()
@@ -441,12 +522,13 @@ class Runner:
         min_time = min(0.3, s.case_budget / 2) if self.state.kind == "cuda" else 0.0
         return MeasureConfig(target=s.ci_target, budget_s=s.case_budget, min_time_s=min_time)
 
-    def _measure_and_judge(self, trial: Trial, record: CaseRecord, twin: Twin | None) -> tuple[Measurement, Verdict]:
+    def _measure_and_judge(
+        self, trial: Trial, record: CaseRecord, twin: Twin | None, timer: Timer
+    ) -> tuple[Measurement, Verdict]:
         """Measure, judge; a regressed or inconclusive case is measured once more in a fresh order and
         judged on all blocks together."""
         s, case = self.state.settings, trial.case
         cfg = self._config()
-        timer = make_timer(s.device, case.clock)
         monitor = Disturbances.open(s.device)
         on_block = monitor.check if monitor is not None else None
         against = trial.calls(case.against) if case.against is not None else None

@@ -53,6 +53,9 @@ class SessionState:
     rootdir: Path = field(default_factory=Path.cwd)
     # set by the plugin: case name -> the live progress line's per-block callback (progress.py), or None
     progress: Callable[[str], Callable[[Progress], None] | None] | None = None
+    # The checks' one-time costs, paid before the first case (integrity.warm_up): one entry per process
+    # that ran cases (the controller gathers its workers'), reported once and never in a case's checks_s.
+    warmups: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -155,8 +158,30 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
                     "were not collected in this "
                     "run (stale if the whole suite ran); remove them with --perfguard-update-baseline --perfguard-prune"
                 )
+    warmup = warmup_line(state.warmups)
+    if warmup:
+        out.messages.append(warmup)
     _write_reports(state, records, timed, out)
     return out
+
+
+WARMUP_NAMES = {"profiler_s": "torch.profiler's first session", "device_peak_s": "the device's peaks (NVML)"}
+
+
+def warmup_line(warmups: list[dict[str, float]]) -> str:
+    """What the checks' one-time warm-up cost, per process; empty when there was none."""
+    keys = sorted({k for w in warmups for k in w})
+    if not keys:
+        return ""
+    parts = []
+    for key in keys:
+        each = [w[key] for w in warmups if key in w]
+        spent = ", ".join(f"{x:.2f}" for x in each)
+        parts.append(f"{WARMUP_NAMES.get(key, key)} {spent} s")
+    per = f" in each of {len(warmups)} processes" if len(warmups) > 1 else ""
+    return f"perfguard: one-time warm-up of the checks{per}, before the first case and in no case's checks: " + (
+        "; ".join(parts)
+    )
 
 
 def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> None:
@@ -239,6 +264,8 @@ def run_info(state: SessionState) -> dict[str, Any]:
     from .gitrev import head_sha
 
     info: dict[str, Any] = {"git_sha": head_sha(state.rootdir)}
+    if state.warmups:
+        info["warmup"] = state.warmups
     if state.settings.against:
         info["against"] = state.settings.against
         base = state.base

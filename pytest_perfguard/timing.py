@@ -59,7 +59,8 @@ class Timer(Protocol):
     def single_call_ns(self, call: Call) -> float: ...
 
     def overhead_ns(self) -> float:
-        """The wall-minus-events gap of a sample doing no work: the floor of the unseen-work check."""
+        """The wall-minus-events gap of a sample doing no work: the floor of the unseen-work check, which
+        asks for it (and counts its cost) after the measurement."""
         ...
 
 
@@ -292,7 +293,6 @@ class Measurement:
     groups: list[int] | None = None  # the capture group of each block (A/B)
     gap_ns: float = 0.0  # median over the variant's samples of wall minus event time (whole sample)
     sample_ns: float = 0.0  # median device time of one variant sample (all reps calls)
-    overhead_ns: float = 0.0  # the timer's gap for a sample doing no work
     # What was timed, for the integrity checks: the variant's prepared sample, and the output of the last
     # call on each input copy. Under a CUDA graph these are the graph's own output tensors, which every
     # replay overwrites, so after a replay they hold what the timed calls computed.
@@ -480,7 +480,6 @@ def measure(
         groups=groups if base is not None else None,
         gap_ns=statistics.median(gaps) if gaps else 0.0,
         sample_ns=statistics.median(sample_times) if sample_times else 0.0,
-        overhead_ns=timer.overhead_ns(),
         sample=samples["v"],
         outputs=outputs,
     )
@@ -537,7 +536,6 @@ def pooled(first: Measurement, second: Measurement, confidence: float) -> Measur
         groups=groups,
         gap_ns=max(first.gap_ns, second.gap_ns),
         sample_ns=second.sample_ns,
-        overhead_ns=second.overhead_ns,
         sample=second.sample,
         outputs=second.outputs,
     )

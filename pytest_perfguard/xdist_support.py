@@ -69,7 +69,12 @@ def send_timeout(config: pytest.Config, item: pytest.Item, message: str) -> None
 def worker_output(config: pytest.Config) -> None:
     merged, state = config.stash[MERGED], state_of(config)
     config.workeroutput["perfguard"] = json.dumps(  # type: ignore[attr-defined]
-        {"collected": sorted(merged.collected), "deselected": merged.deselected, "family_size": state.family_size}
+        {
+            "collected": sorted(merged.collected),
+            "deselected": merged.deselected,
+            "family_size": state.family_size,
+            "warmups": state.warmups,
+        }
     )
 
 
@@ -85,6 +90,7 @@ def node_down(node: Any) -> None:
     merged.deselected = merged.deselected or data["deselected"]
     state = state_of(config)
     state.family_size = max(state.family_size, int(data.get("family_size", 1)))
+    state.warmups.extend(data.get("warmups", []))
 
 
 def worker_paths(config: pytest.Config) -> dict[str, str] | None:

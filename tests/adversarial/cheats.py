@@ -226,6 +226,6 @@ CATALOGUE: dict[str, tuple[Callable[[], Kernel], str]] = {
     "patch_clock": (patch_clock, "patched timer"),
     "patch_engine": (patch_engine, "patched timer"),
     "fp8_inside": (lambda: fp8_inside, "incorrect: native-precision bound"),
-    "degenerate_shortcut": (lambda: degenerate_shortcut, "degenerate input (when the test feeds one)"),
+    "degenerate_shortcut": (lambda: degenerate_shortcut, "shortcut on degenerate input (timed on a randomised copy)"),
     "timed_differently": (timed_differently, "timed output wrong"),
 }

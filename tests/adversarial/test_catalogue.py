@@ -4,7 +4,7 @@ the honest kernels beside them pass. CPU, the real CPU timer; the GPU-only cheat
 Which layer catches what: the correctness gate catches a wrong value, a partial write, an input written in
 place, a non-Tensor output and lower precision; the integrity checks (integrity.py) catch what only shows
 while timed: a background thread, caches, stale buffers, a kernel that detects the timer, a patched timer,
-a silent fallback and degenerate inputs.
+a silent fallback and a shortcut on a constant input (an honest kernel fed the same constant passes).
 """
 
 from __future__ import annotations
@@ -91,12 +91,15 @@ EXPECTED = {
     "lazy_output": ("incorrect", r"returned LazyTensor, expected a plain torch.Tensor"),
     "timed_differently": ("flagged", r"timed output wrong"),
     "fp8_inside": ("incorrect", r"native-precision bound failed"),
-    "degenerate_shortcut": ("flagged", r"degenerate input: arg0 holds one value \(0\)"),
-    "honest_degenerate": ("flagged", r"degenerate input"),
+    "degenerate_shortcut": (
+        "flagged",
+        r"shortcut on degenerate input: arg0 holds one value \(0\) in all 1024 elements; the variant takes "
+        r"[\d.e+]+ us per call on it vs [\d.e+]+ us on random data of the same shape",
+    ),
     "patch_clock": ("flagged", r"patched timer: time\.perf_counter_ns"),
     "patch_engine": ("flagged", r"patched timer: .*pytest_perfguard\.timing\._CpuSample\.__call__"),
 }
-HONEST = {"honest", "sdpa", "honest16"}
+HONEST = {"honest", "sdpa", "honest16", "honest_degenerate"}
 
 
 def _run(pytester: pytest.Pytester, source: str) -> tuple[pytest.RunResult, dict[str, dict]]:
@@ -152,6 +155,8 @@ def test_every_cpu_cheat_fails_and_the_honest_kernels_pass(pytester: pytest.Pyte
     stored = _baseline_ids(pytester)
     _check(records, stored)
     assert {records[n]["id"] for n in HONEST} <= stored  # honest cases are recorded, flagged ones never
+    # an honest kernel fed a constant q is timed on a randomised copy too, and passes
+    assert any(re.search(r"(no|not a) shortcut$", n) for n in records["honest_degenerate"]["notes"])
     result.stdout.fnmatch_lines(["background_thread: flagged: timed output wrong*"])
 
 

@@ -4,12 +4,16 @@ patched timers, the timed-output check, degenerate inputs and declared kernels."
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pytest_perfguard import integrity, peaks
+from pytest_perfguard.correctness import check
 from pytest_perfguard.peaks import DeviceSpec, Peak, impossible_speed, peak_for, percent_of_peak
+from pytest_perfguard.timing import CpuTimer
 
 
 def _attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -119,8 +123,35 @@ def test_an_honest_kernel_passes_the_timed_output_check_and_gets_its_inputs_back
     before = [t.clone() for t in inputs[0]]
     outputs: dict[int, object] = {0: _attn(*inputs[0])}
     sample = _sample(_attn, inputs, outputs)
-    assert integrity.timed_outputs(outputs, sample, inputs, _inputs(2), _attn, [], seed=2) is None
+    assert integrity.timed_outputs(outputs, sample, inputs, _attn, [], seed=1, fresh=lambda: (2, _inputs(2))) is None
     assert all(torch.equal(a, b) for a, b in zip(before, inputs[0], strict=True))
+
+
+def test_the_timed_output_check_reuses_the_correctness_gates_oracles() -> None:
+    """Step 1 judges on the gate's oracle for the same values, step 2 refills with another seed's values and
+    judges on its oracle: the reference is not computed again, and the inputs get their values back."""
+    calls = {"n": 0}
+
+    def counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return _attn(q, k, v)
+
+    report = check(_attn, counted, _inputs, [1, 2, 3], keep=2)
+    assert report.passed and [o.seed for o in report.oracles] == [1, 2]
+    inputs = _inputs(1)
+    before = [t.clone() for t in inputs[0]]
+    outputs: dict[int, object] = {0: _attn(*inputs[0])}
+    calls["n"] = 0
+    msg = integrity.timed_outputs(
+        outputs, _sample(_attn, inputs, outputs), inputs, counted, [], seed=1, oracles=report.oracles
+    )
+    assert msg is None and calls["n"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, inputs[0], strict=True))
+
+    unfinished: dict[int, object] = {0: _attn(*inputs[0])}  # a replay that never writes its output
+    msg = integrity.timed_outputs(unfinished, lambda: None, inputs, counted, [], seed=1, oracles=report.oracles)
+    assert msg is not None and msg.startswith("timed output wrong: a replay") and "(seed 2)" in msg
+    assert calls["n"] == 0
 
 
 def test_a_cache_keyed_by_pointer_fails_the_replay_on_new_values() -> None:
@@ -131,15 +162,14 @@ def test_a_cache_keyed_by_pointer_fails_the_replay_on_new_values() -> None:
 
     inputs = _inputs(1)
     outputs: dict[int, object] = {0: cached(*inputs[0])}
-    msg = integrity.timed_outputs(outputs, _sample(cached, inputs, outputs), inputs, _inputs(2), _attn, [], seed=2)
+    sample = _sample(cached, inputs, outputs)
+    msg = integrity.timed_outputs(outputs, sample, inputs, _attn, [], seed=1, fresh=lambda: (2, _inputs(2)))
     assert msg is not None and msg.startswith("timed output wrong: a replay of the timed calls on new input values")
 
 
 def test_a_wrong_last_timed_output_and_a_mutation_while_timed_are_named() -> None:
     inputs = _inputs(1)
-    msg = integrity.timed_outputs(
-        {0: torch.zeros(1, 2, 8, 4, dtype=torch.float64)}, None, inputs, inputs, _attn, [], seed=1
-    )
+    msg = integrity.timed_outputs({0: torch.zeros(1, 2, 8, 4, dtype=torch.float64)}, None, inputs, _attn, [], seed=1)
     assert msg is not None and msg.startswith("timed output wrong: the output of the last timed call")
 
     def scaling(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -148,18 +178,112 @@ def test_a_wrong_last_timed_output_and_a_mutation_while_timed_are_named() -> Non
         return out
 
     outputs: dict[int, object] = {0: _attn(*inputs[0])}
-    msg = integrity.timed_outputs(outputs, _sample(scaling, inputs, outputs), inputs, _inputs(2), _attn, [], seed=2)
+    sample = _sample(scaling, inputs, outputs)
+    msg = integrity.timed_outputs(outputs, sample, inputs, _attn, [], seed=1, fresh=lambda: (2, _inputs(2)))
     assert msg == "input mutation: the timed calls modified input arg0 in place (seed 2)"
 
 
 # ----------------------------------------------------------------------------- inputs and fallbacks
 
 
-def test_degenerate_inputs_are_refused() -> None:
-    q = torch.zeros(2, 3)
-    assert integrity.degenerate_input(((q, torch.randn(2, 3)), {})) is not None
-    assert integrity.degenerate_input(((torch.randn(2, 3),), {"bias": torch.full((4,), 1.5)})) is not None
-    assert integrity.degenerate_input(((torch.randn(2, 3), torch.ones(1)), {})) is None
+def test_constant_inputs_are_found_and_randomised_around_their_value() -> None:
+    w, b, x = torch.ones(64), torch.zeros(64), torch.randn(4, 64)
+    masked = torch.full((3,), float("-inf"))  # not finite: a mask, never randomised
+    found = integrity.constant_inputs(((x, w), {"bias": b, "eps": torch.ones(1), "mask": masked}))
+    assert [(c.name, c.value, c.numel) for c in found] == [("arg1", 1.0, 64), ("bias", 0.0, 64)]
+    assert found[0].describe() == "arg1 holds one value (1) in all 64 elements"
+    (x2, w2), kwargs = integrity.randomised(((x, w), {"bias": b}), found, seed=7)
+    assert x2 is x and w2.shape == w.shape and w2.dtype == w.dtype
+    assert float(w2.min()) >= 0.5 and float(w2.max()) <= 1.5 and len(set(w2.tolist())) > 1
+    assert float(kwargs["bias"].min()) >= 0.0 and float(kwargs["bias"].max()) <= 1.0
+
+
+class _Clock:
+    """Fake nanoseconds that only the kernels below move."""
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], w, b)
+
+
+def _kernel(clock: _Clock, fast_on_ones: bool = False, ignore_w: bool = False) -> Callable[..., torch.Tensor]:
+    def kernel(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ones = bool((w == 1).all())
+        clock.t += 100 if fast_on_ones and ones else 1_000
+        return _layer_norm(x, torch.ones_like(w) if ignore_w else w, b)
+
+    return kernel
+
+
+def _degenerate(kernel: Callable[..., torch.Tensor], clock: _Clock, ns: float = 1_000.0) -> integrity.DegenerateResult:
+    """The degenerate-input check on x (random), w = ones, b = zeros, after a measurement that read `ns`."""
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    first = ((x, torch.ones(32, dtype=torch.float64), torch.zeros(32, dtype=torch.float64)), {})
+    timer = CpuTimer(clock)
+    measured = timer.prepare([lambda: kernel(*first[0])] * 4)  # the measurement's sample on the constants
+    return integrity.degenerate_inputs(
+        kernel,
+        first,
+        integrity.constant_inputs(first),
+        timer,
+        measured,
+        reps=4,
+        degenerate_ns=ns,
+        spent_ns=1e9,
+        reference=_layer_norm,
+        overrides=[],
+        seed=11,
+    )
+
+
+def test_an_honest_kernel_with_an_all_ones_weight_and_a_zero_bias_passes() -> None:
+    clock = _Clock()
+    seen = _degenerate(_kernel(clock), clock)
+    assert seen.flag is None
+    assert seen.note.startswith("degenerate input: arg1 holds one value (1) in all 32 elements; arg2 holds one")
+    assert seen.note.endswith("a randomised copy read 1.00x its time and computed the right output: no shortcut")
+    assert clock.t == 3 * 2 * 4 * 1_000  # three screening rounds, both sides, 4 calls a sample: no more
+
+
+def test_a_shortcut_on_an_all_ones_weight_is_flagged_with_both_times() -> None:
+    clock = _Clock()
+    seen = _degenerate(_kernel(clock, fast_on_ones=True), clock, ns=100.0)
+    assert seen.flag is not None
+    assert seen.flag == (
+        "shortcut on degenerate input: arg1 holds one value (1) in all 32 elements; arg2 holds one value (0) in all "
+        "32 elements; the variant takes 0.1 us per call on it vs 1 us on random data of the same shape (the fastest "
+        "of 9 alternating samples each: 10.0x): its time would not hold for real inputs. Time it on random data "
+        "(torch.randn)"
+    )
+
+
+def test_a_kernel_that_ignores_an_all_ones_weight_is_wrong_on_the_randomised_copy() -> None:
+    clock = _Clock()
+    seen = _degenerate(_kernel(clock, ignore_w=True), clock)
+    assert seen.flag is not None
+    assert seen.flag.startswith("degenerate input: arg1 holds one value (1) in all 32 elements; arg2 holds")
+    assert "on a randomised copy of the same shape the variant's output fails the check: atol/rtol bound failed" in (
+        seen.flag
+    )
+
+
+def test_a_kernel_that_refuses_random_values_is_not_judged_and_says_so() -> None:
+    clock = _Clock()
+
+    def only_ones(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if not bool((w == 1).all()):
+            raise ValueError("weights must be one")
+        clock.t += 1_000
+        return _layer_norm(x, w, b)
+
+    seen = _degenerate(only_ones, clock)
+    assert seen.flag is None and "not checked: the variant raised ValueError on a randomised copy" in seen.note
 
 
 def test_a_declared_kernel_that_runs_sdpa_is_a_silent_fallback() -> None:
