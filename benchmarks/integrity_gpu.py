@@ -175,7 +175,7 @@ def _table(seen: dict[str, list[dict[str, Any]]]) -> tuple[int, list[str]]:
             continue
         failed = [r for r in rs if r.get("outcome") == "failed"]
         flagged = [r for r in rs if r.get("verdict") == "flagged"]
-        timed = sorted((s, r) for r in rs if (s := _share(r)) is not None)
+        timed = sorted(((s, r) for r in rs if (s := _share(r)) is not None), key=lambda t: t[0])
         share = f"{timed[len(timed) // 2][0]:.1f}%, {timed[-1][0]:.1f}%" if timed else "-"
         ms = sorted(1e3 * r["checks_s"] for _, r in timed)
         spent = f"{ms[len(ms) // 2]:.1f}, {ms[-1]:.1f}" if ms else "-"
