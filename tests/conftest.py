@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
+import torch
+
+# One intra-op thread in this process and in every process it starts (xdist workers, pytester subprocesses,
+# fresh confirmation processes, act jobs). The tensors here are tiny, and the suite keeps both cores of the
+# CI machine busy: there torch's default of one OpenMP thread per core made a 16x16 attention reference
+# take 16 ms of spinning threads instead of 72 us.
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
