@@ -38,15 +38,13 @@ import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from pytest_perfguard.gitrev import GitError, git
 from pytest_perfguard.results_io import ResultRecord, read_results
-
-if TYPE_CHECKING:  # stats imports scipy (a second at start-up); only `changes` needs it
-    from pytest_perfguard.stats import Interval
+from pytest_perfguard.stats import Interval
 
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path(".ci/history.sqlite")
@@ -507,8 +505,6 @@ def shift_interval(before: Sequence[float], after: Sequence[float], confidence: 
     The interval uses the normal approximation of the Mann-Whitney U and is the whole line when too few
     points support the confidence.
     """
-    from pytest_perfguard.stats import Interval
-
     x = np.asarray(before, dtype=np.float64)
     y = np.asarray(after, dtype=np.float64)
     if x.size == 0 or y.size == 0:

@@ -30,7 +30,7 @@ from . import integrity, peaks
 from .ab import Twin, base_arguments
 from .confirm import Confirmation, confirm_move, confirm_regression
 from .correctness import CorrectnessReport, Inputs, Oracle, check
-from .device import Disturbances, incomparable
+from .device import Disturbances, incomparable, manual_seed
 from .locks import device_lock
 from .marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
 from .record import CaseRecord, Outcome, Status
@@ -244,7 +244,7 @@ class Runner:
             return
 
         def make_inputs(seed: int) -> Inputs:
-            torch.manual_seed(seed)
+            manual_seed(seed)
             return _normalize_inputs(factory(), record.test)
 
         seeds = _draw_seeds(case.seeds, s.seed)
@@ -494,7 +494,7 @@ class Runner:
         if isinstance(args, str):
             return Twin(Status.NOT_COMPARABLE, args)
         try:
-            torch.manual_seed(trial.seeds[0])
+            manual_seed(trial.seeds[0])
             desc = describe_workload(_normalize_inputs(twin.factory(**args), record.test))
         except Exception as exc:
             return Twin(Status.NO_BASE, f"no base: the base test's inputs raised {type(exc).__name__}: {exc}")

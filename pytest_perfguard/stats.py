@@ -13,13 +13,27 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as _sp
 
 # Above this many blocks the exact signed-rank distribution is replaced by its normal approximation.
 _EXACT_MAX_N = 60
+
+# The standard normal from the standard library: scipy.stats would add seconds to the start of every
+# process that loads the plugin (xdist workers, fresh confirmation processes) for two functions.
+_NORMAL = NormalDist()
+
+
+def normal_quantile(p: float) -> float:
+    """The standard normal's quantile function (its inverse CDF) at ``p`` in (0, 1)."""
+    return _NORMAL.inv_cdf(p)
+
+
+def normal_sf(x: float) -> float:
+    """P(Z > x) for a standard normal Z, exact in the far tail (1 - CDF would round to 0 there)."""
+    return 0.5 * math.erfc(x / math.sqrt(2.0))
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,7 @@ def signed_rank_critical(n: int, alpha_one_sided: float) -> int:
         return c
     total = n * (n + 1) / 2.0
     sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
-    z = float(_sp.norm.ppf(1.0 - alpha_one_sided))
+    z = normal_quantile(1.0 - alpha_one_sided)
     return max(-1, math.floor(total / 2.0 - z * sd - 0.5))
 
 
@@ -129,13 +143,13 @@ def one_sided_p_above(interval: Interval, threshold: float) -> float:
 
     For reports and step-down corrections (Holm); the verdicts themselves use intervals, never this value.
     """
-    z_conf = float(_sp.norm.ppf(0.5 + interval.confidence / 2.0))
+    z_conf = normal_quantile(0.5 + interval.confidence / 2.0)
     se = (interval.estimate - interval.lo) / z_conf if math.isfinite(interval.lo) else math.inf
     if se <= 0:
         return 0.0 if interval.estimate > threshold else 1.0
     if not math.isfinite(se):
         return 1.0
-    return float(_sp.norm.sf((interval.estimate - threshold) / se))
+    return normal_sf((interval.estimate - threshold) / se)
 
 
 def relative_half_width(log_iv: Interval) -> float:

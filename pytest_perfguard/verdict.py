@@ -33,12 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scipy import stats as _sp
-
 from .baseline import CENTER_WINDOW, NOISE_K, BaselineEntry, case_threshold
 from .record import Status
 from .settings import DEFAULT_MARGIN
-from .stats import Interval, combine_difference, log_interval
+from .stats import Interval, combine_difference, log_interval, normal_quantile
 
 PASS = Status.PASS
 FASTER = Status.FASTER
@@ -136,7 +134,7 @@ class Verdict:
 
 def _rescale(half_width: float, to_confidence: float) -> float:
     """A stored 95% half-width rescaled to another confidence (normal approximation)."""
-    return half_width * float(_sp.norm.ppf(0.5 + to_confidence / 2) / _sp.norm.ppf(0.975))
+    return half_width * normal_quantile(0.5 + to_confidence / 2) / normal_quantile(0.975)
 
 
 def _stored_log_half_width(median: float, ci: tuple[float, float] | None) -> float:
@@ -166,10 +164,10 @@ def minimum_detectable_effect(
     if dec is None or not math.isfinite(dec.lo):
         return None
     h = dec.estimate - dec.lo
-    s = h / float(_sp.norm.ppf(0.5 + dec.confidence / 2))
+    s = h / normal_quantile(0.5 + dec.confidence / 2)
     b = noise * math.sqrt(1.0 + 1.0 / min(max(runs, 1), CENTER_WINDOW))
     p = math.sqrt(power) if confirm else power
-    return math.expm1(tau + h + float(_sp.norm.ppf(p)) * math.hypot(s, b))
+    return math.expm1(tau + h + normal_quantile(p) * math.hypot(s, b))
 
 
 def case_mde(gates: Sequence[Gate], *, variant_is_against: bool) -> float | None:

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
+
+LOCK_DIR_ENV = "PERFGUARD_LOCK_DIR"
+
+# One intra-op thread in this process and in every process it starts (xdist workers, pytester subprocesses,
+# fresh confirmation processes, act jobs). The tensors here are tiny, and the suite keeps both cores of the
+# CI machine busy: there torch's default of one OpenMP thread per core made a 16x16 attention reference
+# take 16 ms of spinning threads instead of 72 us.
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
@@ -13,6 +28,35 @@ def _not_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     compared nothing fails (session.under_ci), and the CI machine running this suite sets CI=true."""
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The device and file locks of the runs this suite starts live in a folder of the suite's own (xdist
+    workers inherit it), so they never wait on another pytest session of this machine, or it on them."""
+    if LOCK_DIR_ENV not in os.environ:
+        folder = tempfile.mkdtemp(prefix="perfguard-test-locks-")
+        os.environ[LOCK_DIR_ENV] = folder
+        config.add_cleanup(lambda: (os.environ.pop(LOCK_DIR_ENV, None), shutil.rmtree(folder, ignore_errors=True)))
+
+
+@pytest.fixture
+def pytester(
+    pytester: pytest.Pytester, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[pytest.Pytester]:
+    """pytester, with two settings for its runs and what they start (fresh confirmation processes, xdist
+    workers), set after pytester's own set-up, which clears PYTEST_ADDOPTS:
+
+    - a device lock of the test's own: runs timed on a fake clock cannot disturb each other, and under the
+      shared lock one test's timing would hold up the other xdist worker's. A test marked ``real_timer``
+      keeps the suite's lock, so that it measures alone, as on a GPU;
+    - no hypothesis pytest plugin: it imports hypothesis in its terminal summary, about 1.5 s of CPU per
+      process, and again per in-process run, which unloads what the run imported. No run here uses it.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
+        if request.node.get_closest_marker("real_timer") is None:
+            mp.setenv(LOCK_DIR_ENV, str(tmp_path_factory.mktemp("locks")))
+        yield pytester
 
 
 @pytest.hookimpl(optionalhook=True)

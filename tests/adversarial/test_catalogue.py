@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.real_timer  # the integrity checks time with the real clock
 
 CHEATS = (Path(__file__).parent / "cheats.py").read_text()
 

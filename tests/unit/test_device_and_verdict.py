@@ -10,13 +10,24 @@ import pytest
 
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry
-from pytest_perfguard.device import SESSION_PIDS_ENV, Disturbances, incomparable
+from pytest_perfguard.device import SESSION_PIDS_ENV, Disturbances, incomparable, manual_seed
 from pytest_perfguard.stats import Interval
 
 
 @dataclass
 class _Proc:
     pid: int
+
+
+def test_manual_seed_draws_what_torch_manual_seed_draws() -> None:
+    """The plugin's cheaper seeding gives a test's input factory the numbers torch.manual_seed would."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1234)
+    expected = (torch.randn(3, 5), torch.randint(0, 100, (4,)))
+    torch.manual_seed(99)
+    manual_seed(1234)
+    drawn = (torch.randn(3, 5), torch.randint(0, 100, (4,)))
+    assert all(torch.equal(a, b) for a, b in zip(drawn, expected, strict=True))
 
 
 class FakeNvml:

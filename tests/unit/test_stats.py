@@ -15,6 +15,8 @@ from pytest_perfguard.stats import (
     combine_difference,
     hodges_lehmann,
     log_interval,
+    normal_quantile,
+    normal_sf,
     one_sided_p_above,
     relative_half_width,
     signed_rank_critical,
@@ -273,3 +275,16 @@ def test_one_sided_p_orders_by_distance_beyond_the_threshold() -> None:
     tau = math.log(1.02)
     assert one_sided_p_above(far, tau) < one_sided_p_above(near, tau) < 0.5 < one_sided_p_above(below, tau)
     assert one_sided_p_above(hodges_lehmann([1.0, 2.0]), tau) == 1.0
+
+
+def test_normal_quantile_and_tail_match_the_tables() -> None:
+    """The standard normal's quantiles and upper tail, against printed values (Abramowitz & Stegun 26.2),
+    and far out in the tail, where 1 - CDF would round to 0."""
+    assert normal_quantile(0.975) == pytest.approx(1.959963984540054, rel=1e-14)
+    assert normal_quantile(0.95) == pytest.approx(1.6448536269514722, rel=1e-14)
+    assert normal_quantile(0.5) == 0.0
+    assert normal_quantile(0.025) == pytest.approx(-normal_quantile(0.975), rel=1e-14)
+    assert normal_sf(1.0) == pytest.approx(0.15865525393145707, rel=1e-14)
+    assert normal_sf(-3.0) == pytest.approx(0.9986501019683699, rel=1e-14)
+    assert normal_sf(8.0) == pytest.approx(6.22096057427174e-16, rel=1e-12)
+    assert normal_sf(normal_quantile(0.999)) == pytest.approx(0.001, rel=1e-12)
