@@ -10,6 +10,11 @@ from typing import Any
 
 import pytest
 import torch
+import torch._dynamo
+
+# In-process pytester runs restore sys.modules afterwards, dropping what they imported. torch._dynamo (which
+# torch.manual_seed imports on first use) registers a TORCH_LIBRARY when imported and cannot be imported
+# twice in one process, so it is imported here, before any inner run.
 
 LOCK_DIR_ENV = "PERFGUARD_LOCK_DIR"
 
