@@ -30,8 +30,9 @@ def {name}(perfguard_device):
     return (q, k, v), {{}}
 """
 
-# Steps run without the fresh-process confirmation: it would double each regressed step's time here.
-PYTEST_ARGS = ["--perfguard-no-confirm", "--perfguard-case-budget", "30"]
+# Steps run without the fresh-process confirmation: it would double each regressed step's time here. Nor
+# with hypothesis' pytest plugin, which imports hypothesis in each step's terminal summary (tests/conftest.py).
+PYTEST_ARGS = ["--perfguard-no-confirm", "--perfguard-case-budget", "30", "-p", "no:hypothesispytest"]
 
 
 def _git(path: Path, *args: str) -> str:

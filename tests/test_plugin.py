@@ -127,6 +127,14 @@ def run(
                 os.environ[k] = v
 
 
+def record_baseline(p: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """The baseline a test starts from, recorded in this process without xdist workers: the cheapest run (a run
+    with workers starts three processes that each import torch). The runs under test, in the test's mode, come
+    after it. Update runs in each mode are under test in test_update_then_aa_rerun_passes_and_planted_slowdown_fails,
+    test_update_merges_keeps_other_cases_and_reports_stale and the held-back update test."""
+    return run(p, [], "--perfguard-update-baseline", *args)
+
+
 def baseline_json(p: pytest.Pytester) -> dict:
     files = list((p.path / ".ci" / "baselines").glob("*.json"))
     assert len(files) == 1, files
@@ -353,7 +361,7 @@ def test_a_regression_seen_in_one_process_only_is_inconclusive_not_a_failure(
         'SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', 'SLOW = float(os.environ.pop("PLANT_ONCE", "1.0"))'
     )
     project.makepyfile(test_k=once)
-    run(project, mode, "--perfguard-update-baseline").assert_outcomes(passed=4)
+    record_baseline(project).assert_outcomes(passed=4)
     result = run(project, mode, "--perfguard", "--perfguard-json", "r.json", env={"PLANT_ONCE": "1.3"})
     result.assert_outcomes(passed=4)
     # The reason sits below the case's row in the table, wrapped to 120 columns: read it as one text.
@@ -379,7 +387,7 @@ def test_an_update_run_that_moved_in_its_own_process_only_is_held_back(
         'SLOW = float(os.environ.pop("PLANT_ONCE", os.environ.get("PLANT_SLOWDOWN", "1.0")))',
     )
     project.makepyfile(test_k=once)
-    run(project, mode, "--perfguard-update-baseline").assert_outcomes(passed=4)
+    record_baseline(project).assert_outcomes(passed=4)
     first = baseline_json(project)["cases"]
 
     result = run(project, mode, "--perfguard-update-baseline", "--perfguard-json", "u.json", env={"PLANT_ONCE": "2.0"})
@@ -408,7 +416,7 @@ def test_an_update_run_that_moved_in_its_own_process_only_is_held_back(
 
 def test_faster_than_baseline_is_reported(project: pytest.Pytester) -> None:
     project.makepyfile(test_k=_case())
-    run(project, [], "--perfguard-update-baseline").assert_outcomes(passed=4)
+    record_baseline(project).assert_outcomes(passed=4)
     result = run(project, [], "--perfguard", "-k", "fast", env={"PLANT_SLOWDOWN": "0.5"})
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*faster*"])
@@ -419,7 +427,7 @@ def test_faster_than_baseline_is_reported(project: pytest.Pytester) -> None:
 
 def test_ratio_gate_fires_when_the_reference_got_faster(project: pytest.Pytester, mode: list[str]) -> None:
     project.makepyfile(test_k=_case())
-    run(project, mode, "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
+    record_baseline(project, "-k", "fast").assert_outcomes(passed=2)
     # The variant's own time is unchanged, but SDPA got 40% faster: the variant lost ground.
     result = run(project, mode, "--perfguard", "-k", "fast", "--perfguard-margin", "0.3", env={"PLANT_AGAINST": "0.6"})
     result.assert_outcomes(failed=2)
@@ -435,7 +443,7 @@ def test_max_ratio_gate(project: pytest.Pytester, mode: list[str]) -> None:
 
 def test_update_merges_keeps_other_cases_and_reports_stale(project: pytest.Pytester, mode: list[str]) -> None:
     project.makepyfile(test_k=_case())
-    run(project, mode, "--perfguard-update-baseline").assert_outcomes(passed=4)
+    record_baseline(project).assert_outcomes(passed=4)
     before = baseline_json(project)
     run(project, mode, "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
     after = baseline_json(project)
@@ -454,7 +462,7 @@ def test_update_merges_keeps_other_cases_and_reports_stale(project: pytest.Pytes
 
 def test_workload_change_is_not_comparable(project: pytest.Pytester) -> None:
     project.makepyfile(test_k=_case())
-    run(project, [], "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
+    record_baseline(project, "-k", "fast").assert_outcomes(passed=2)
     project.makepyfile(test_k=_case().replace("(1, 2, S, 16", "(4, 2, S, 16"))
     result = run(project, [], "--perfguard", "-k", "fast", env={"PLANT_SLOWDOWN": "3"})
     result.assert_outcomes(passed=2)
@@ -496,7 +504,7 @@ def test_bad_baseline_file_errors_naming_the_file_and_is_left_alone(
     project: pytest.Pytester, mode: list[str], content: str, problem: str
 ) -> None:
     project.makepyfile(test_k=_case())
-    run(project, [], "--perfguard-update-baseline", "-k", "fast").assert_outcomes(passed=2)
+    record_baseline(project, "-k", "fast").assert_outcomes(passed=2)
     path = next((project.path / ".ci" / "baselines").glob("*.json"))
     path.write_text(content)
     for flag in ("--perfguard", "--perfguard-update-baseline"):
