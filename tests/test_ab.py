@@ -119,7 +119,7 @@ def repo(
 
 
 def run(p: pytest.Pytester, mode: list[str], *args: str) -> pytest.RunResult:
-    return p.runpytest_subprocess(*mode, "-p", "no:cacheprovider", "--perfguard-case-budget", "30", *args)
+    return p.runpytest_inprocess(*mode, "-p", "no:cacheprovider", "--perfguard-case-budget", "30", *args)
 
 
 def records(p: pytest.Pytester) -> dict[str, dict]:

@@ -102,23 +102,23 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def _runner(p: pytest.Pytester, mode: list[str], fresh: bool = False) -> Callable[..., pytest.RunResult]:
-    """In-process unless the run has xdist workers or may end its process (see `run`)."""
-    workers = "-n" in mode and mode[mode.index("-n") + 1] != "0"
-    return p.runpytest_subprocess if fresh or workers else p.runpytest_inprocess
+def _runner(p: pytest.Pytester, fresh: bool = False) -> Callable[..., pytest.RunResult]:
+    """In-process unless the run may end its process (see `run`)."""
+    return p.runpytest_subprocess if fresh else p.runpytest_inprocess
 
 
 def run(
     p: pytest.Pytester, mode: list[str], *args: str, env: dict[str, str] | None = None, fresh: bool = False
 ) -> pytest.RunResult:
-    """Run the project with the plugin. A run without xdist workers goes in-process: a new interpreter
-    spends seconds of CPU importing torch and the plugin, which this one has done already, and pytester
-    gives the run fresh copies of the project's modules. A run with workers, or one that may end its process
-    (``fresh=True``: a timeout ends it with os._exit), goes to a subprocess."""
+    """Run the project with the plugin, in this process: a new interpreter spends seconds of CPU importing
+    torch and the plugin, which this one has done already, and pytester gives the run fresh copies of the
+    project's modules. Under -n 2 this process is the xdist controller and the two workers are new processes,
+    as in xdist's own tests. A run that may end its process (``fresh=True``: a timeout ends it with
+    os._exit) goes to a subprocess."""
     old = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        return _runner(p, mode, fresh)(*mode, "-p", "no:cacheprovider", "--perfguard-case-budget", "30", *args)
+        return _runner(p, fresh)(*mode, "-p", "no:cacheprovider", "--perfguard-case-budget", "30", *args)
     finally:
         for k, v in old.items():
             if v is None:
@@ -128,10 +128,10 @@ def run(
 
 
 def record_baseline(p: pytest.Pytester, *args: str) -> pytest.RunResult:
-    """The baseline a test starts from, recorded in this process without xdist workers: the cheapest run (a run
-    with workers starts three processes that each import torch). The runs under test, in the test's mode, come
-    after it. Update runs in each mode are under test in test_update_then_aa_rerun_passes_and_planted_slowdown_fails,
-    test_update_merges_keeps_other_cases_and_reports_stale and the held-back update test."""
+    """The baseline a test starts from, recorded in this process without xdist workers: the cheapest run (under
+    -n 2 it would start two worker processes that each import torch). The runs under test, in the test's mode,
+    come after it. Update runs in each mode are under test themselves in the update-then-A/A, the merge-and-stale
+    and the held-back update tests."""
     return run(p, [], "--perfguard-update-baseline", *args)
 
 
@@ -481,7 +481,7 @@ def test_strict_fails_on_missing_baseline(project: pytest.Pytester) -> None:
 
 def test_zero_perf_cases_under_perfguard_fails(pytester: pytest.Pytester, mode: list[str]) -> None:
     pytester.makepyfile("def test_plain():\n    pass\n")
-    result = _runner(pytester, mode)(*mode, "--perfguard", "-p", "no:cacheprovider")
+    result = _runner(pytester)(*mode, "--perfguard", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*no perf case was timed*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED

@@ -52,7 +52,7 @@ def test_double(n, perfguard_device):
 def _run(p: pytest.Pytester, *args: str, planted: str = "1.0") -> pytest.RunResult:
     os.environ["PLANTED"] = planted
     try:
-        return p.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--perfguard-case-budget", "5", *args)
+        return p.runpytest_inprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--perfguard-case-budget", "5", *args)
     finally:
         os.environ.pop("PLANTED", None)
 
