@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +38,8 @@ __all__ = [
     "find_nvcc",
     "load",
     "nvcc_compile_check",
+    "nvcc_compile_checks",
+    "ptxas_log_for",
     "splitkv_num_splits",
     "unavailable_reason",
 ]
@@ -344,6 +347,19 @@ def parse_ptxas(log: str) -> list[tuple[str, int, int, int, int, int]]:
     return rows
 
 
+def ptxas_log_for(log: str, arch: str) -> str:
+    """The lines of a ptxas -v log about ``arch`` (``sm_90``): from each "Compiling entry function ... for
+    'sm_90'" line to the next entry line of another architecture, as one nvcc call for several writes them."""
+    kept: list[str] = []
+    current: str | None = None
+    for line in log.splitlines():
+        if m := _RE_ENTRY.search(line):
+            current = m.group(2)
+        if current == arch:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def _demangle(names: list[str]) -> list[str]:
     tool = shutil.which("cu++filt") or shutil.which("c++filt")
     if tool is None or not names:
@@ -361,6 +377,14 @@ def nvcc_compile_check(arch: str, source: Path, nvcc: str | None = None, timeout
 
     Raises FileNotFoundError when nvcc is absent; a compile error is a report with ``ok=False`` and the log.
     """
+    return nvcc_compile_checks([arch], source, nvcc, timeout_s)[0]
+
+
+def nvcc_compile_checks(
+    archs: Sequence[str], source: Path, nvcc: str | None = None, timeout_s: float = 600.0
+) -> list[CompileReport]:
+    """``nvcc_compile_check`` for several architectures in one nvcc call: one report per architecture, each
+    with the whole log. nvcc compiles the host code once and the device code once per architecture."""
     nvcc_path = nvcc or find_nvcc()
     if nvcc_path is None:
         raise FileNotFoundError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
@@ -371,7 +395,7 @@ def nvcc_compile_check(arch: str, source: Path, nvcc: str | None = None, timeout
             "-c",
             *_NVCC_OPT_FLAGS,
             *_TORCH_NVCC_DEFINES,
-            *_gencode(arch),
+            *(flag for arch in archs for flag in _gencode(arch)),
             "-Xptxas",
             "-v",
             "-I",
@@ -388,21 +412,32 @@ def nvcc_compile_check(arch: str, source: Path, nvcc: str | None = None, timeout
             partial = b"".join(x if isinstance(x, bytes) else x.encode() for x in (exc.stdout, exc.stderr) if x)
             returncode, log = -1, f"timed out after {timeout_s:.0f}s\n" + partial.decode(errors="replace")
         seconds = time.perf_counter() - start
-    rows = parse_ptxas(log)
-    names = _demangle([r[0] for r in rows])
-    kernels = [
-        KernelResources(
-            name=n, mangled=r[0], registers=r[1], spill_stores=r[2], spill_loads=r[3], smem_bytes=r[4], stack_bytes=r[5]
+    reports = []
+    for arch in (f"sm_{_arch_digits(a)}" for a in archs):
+        rows = parse_ptxas(ptxas_log_for(log, arch))
+        names = _demangle([r[0] for r in rows])
+        kernels = [
+            KernelResources(
+                name=n,
+                mangled=r[0],
+                registers=r[1],
+                spill_stores=r[2],
+                spill_loads=r[3],
+                smem_bytes=r[4],
+                stack_bytes=r[5],
+            )
+            for n, r in zip(names, rows, strict=True)
+        ]
+        reports.append(
+            CompileReport(
+                source=source,
+                arch=arch,
+                ok=returncode == 0,
+                returncode=returncode,
+                command=cmd,
+                log=log,
+                seconds=seconds,
+                kernels=kernels,
+            )
         )
-        for n, r in zip(names, rows, strict=True)
-    ]
-    return CompileReport(
-        source=source,
-        arch=f"sm_{_arch_digits(arch)}",
-        ok=returncode == 0,
-        returncode=returncode,
-        command=cmd,
-        log=log,
-        seconds=seconds,
-        kernels=kernels,
-    )
+    return reports

@@ -2,10 +2,11 @@
 
 Runs on a CPU-only machine: only nvcc is needed (the test skips, saying so, without it). Register spills
 are read from ptxas' ``-v`` report; a spill in a hot loop costs local-memory traffic that no benchmark
-tolerance should have to absorb, so it fails here, before any GPU time is spent. All (file, arch)
-compilations start at once on a thread pool, so the module costs about one compile per core. Under xdist
-each worker that runs one of these tests starts that pool: the reports go to a folder that the workers of
-the session share, under a file lock, so each (file, arch) is compiled once per session, not once per worker.
+tolerance should have to absorb, so it fails here, before any GPU time is spent. Each file is compiled for
+both architectures in one nvcc call (its host code once), and all files start at once on a thread pool, so
+the module costs about one compile per core. Under xdist each worker that runs one of these tests starts
+that pool: the reports go to a folder that the workers of the session share, under a file lock, so each file
+is compiled once per session, not once per worker.
 """
 
 from __future__ import annotations
@@ -28,31 +29,33 @@ NVCC = cuda_ext.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDA_HOME or put nvcc on PATH)")
 
 
-def _shared_report(folder: Path, source: Path, arch: str) -> cuda_ext.CompileReport:
-    """Compile ``source`` for ``arch`` unless another worker of this session has (or is doing it now)."""
-    path = folder / f"{source.name}-{arch}.pickle"
+def _shared_reports(folder: Path, source: Path) -> dict[str, cuda_ext.CompileReport]:
+    """``source`` compiled for ARCHS, by arch, unless another worker of this session has (or is doing it now)."""
+    path = folder / f"{source.name}.pickle"
     with FileLock(f"{path}.lock"):
         if path.is_file():
-            report: cuda_ext.CompileReport = pickle.loads(path.read_bytes())
-            return report
-        report = cuda_ext.nvcc_compile_check(arch, source, NVCC)
-        path.write_bytes(pickle.dumps(report))
-        return report
+            done: dict[str, cuda_ext.CompileReport] = pickle.loads(path.read_bytes())
+            return done
+        reports = {r.arch: r for r in cuda_ext.nvcc_compile_checks(ARCHS, source, NVCC)}
+        path.write_bytes(pickle.dumps(reports))
+        return reports
 
 
 @pytest.fixture(scope="module")
 def reports(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[tuple[str, str], Future[cuda_ext.CompileReport]]]:
-    """Every compilation submitted up front; each test waits only for its own."""
+) -> Iterator[dict[str, Future[dict[str, cuda_ext.CompileReport]]]]:
+    """Every compilation submitted up front; each test waits only for its own file's."""
     # An xdist worker's base temp is a folder of the session's; without xdist the base temp is the session's.
     base = tmp_path_factory.getbasetemp()
     folder = (base.parent if hasattr(request.config, "workerinput") else base) / "nvcc-reports"
     folder.mkdir(exist_ok=True)
-    # Two workers take the cases from opposite ends, so neither waits on a lock the other holds.
-    cases = CASES[::-1] if getattr(request.config, "workerinput", {}).get("workerid", "gw0") != "gw0" else CASES
+    # Two workers take the files from opposite ends, so neither waits on a lock the other holds.
+    sources = cuda_ext.CU_SOURCES
+    if getattr(request.config, "workerinput", {}).get("workerid", "gw0") != "gw0":
+        sources = sources[::-1]
     pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2))
-    futures = {(src.name, arch): pool.submit(_shared_report, folder, src, arch) for src, arch in cases}
+    futures = {src.name: pool.submit(_shared_reports, folder, src) for src in sources}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -61,9 +64,9 @@ def reports(
 @pytest.mark.slow
 @pytest.mark.parametrize(("source", "arch"), [(s.name, a) for s, a in CASES])
 def test_compiles_without_spills(
-    reports: dict[tuple[str, str], Future[cuda_ext.CompileReport]], source: str, arch: str
+    reports: dict[str, Future[dict[str, cuda_ext.CompileReport]]], source: str, arch: str
 ) -> None:
-    report = reports[(source, arch)].result()
+    report = reports[source].result()[arch]
     assert report.ok, f"nvcc failed on {source} for {arch}:\n{report.log[-3000:]}"
     assert report.kernels, f"ptxas reported no kernels for {source} ({arch}); log:\n{report.log[-2000:]}"
     spilling = report.spilling
@@ -84,6 +87,24 @@ def test_parse_ptxas_reads_registers_and_spills() -> None:
         "ptxas info    : Used 32 registers, used 0 barriers\n"
     )
     assert cuda_ext.parse_ptxas(log) == [("_Z3fooPf", 255, 12, 16, 4096, 8), ("_Z3barv", 32, 0, 0, 0, 0)]
+
+
+def test_ptxas_log_for_splits_a_two_architecture_log() -> None:
+    """One nvcc call for two architectures writes each one's report in turn; each is read on its own."""
+    log = (
+        "ptxas info    : 0 bytes gmem\n"
+        "ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_89'\n"
+        "ptxas info    : Function properties for _Z3fooPf\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 96 registers, used 1 barriers\n"
+        "ptxas info    : 0 bytes gmem\n"
+        "ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'\n"
+        "ptxas info    : Function properties for _Z3fooPf\n"
+        "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 1 barriers\n"
+    )
+    assert cuda_ext.parse_ptxas(cuda_ext.ptxas_log_for(log, "sm_89")) == [("_Z3fooPf", 96, 0, 0, 0, 0)]
+    assert cuda_ext.parse_ptxas(cuda_ext.ptxas_log_for(log, "sm_90")) == [("_Z3fooPf", 255, 4, 4, 0, 8)]
 
 
 def test_unavailable_reason_is_a_sentence_here() -> None:
