@@ -384,6 +384,9 @@ class Runner:
             )
         if wrong:
             return wrong
+        forked = integrity.forked_work(getattr(m.sample, "capture_error", None))
+        if forked:
+            return forked
         if m.mode.startswith("cuda"):
             with self._lock(exclusive=True), self._check(checks, "unseen work"):
                 overhead = timer.overhead_ns()

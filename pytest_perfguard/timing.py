@@ -155,9 +155,10 @@ class _CudaStreamSample:
 
     mode = "cuda-stream"
 
-    def __init__(self, timer: CudaTimer, calls: Sequence[Call]) -> None:
+    def __init__(self, timer: CudaTimer, calls: Sequence[Call], capture_error: str | None = None) -> None:
         import torch
 
+        self.capture_error = capture_error  # why the calls could not be captured in a CUDA graph
         self._timer = timer
         self._calls = list(calls)
         self.reps = len(self._calls)
@@ -210,6 +211,7 @@ class CudaTimer:
             self._flush.zero_()
 
     def prepare(self, calls: Sequence[Call]) -> PreparedSample:
+        error = None
         if self.use_graph:
             try:
                 return _CudaGraphSample(self, calls)
@@ -217,8 +219,25 @@ class CudaTimer:
                 import torch
 
                 torch.cuda.synchronize()
-                self.capture_errors.append(f"{type(exc).__name__}: {exc}")
-        return _CudaStreamSample(self, calls)
+                error = f"{type(exc).__name__}: {exc}"
+                self.capture_errors.append(error)
+                self._end_aborted_capture()
+        return _CudaStreamSample(self, calls, error)
+
+    def _end_aborted_capture(self) -> None:
+        """A capture that raised never ran its epilogue, so the default CUDA generator still counts itself as
+        capturing, and the next random draw on the device anywhere in the process (a later case's inputs)
+        fails with "Offset increment outside graph capture". One small capture that ends normally closes it."""
+        import torch
+
+        one = torch.zeros(1, device=self.device)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                one.add_(1)  # a real kernel: an empty capture only warns
+        except Exception as exc:  # the fallback still times the case; say why later draws may fail
+            self.capture_errors.append(f"could not close the aborted capture: {type(exc).__name__}: {exc}")
+        torch.cuda.synchronize()
 
     def now_ns(self) -> int:
         return time.perf_counter_ns()
