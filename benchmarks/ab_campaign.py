@@ -13,6 +13,11 @@ fresh pytest process over `tests/perf` on the GPU:
   4. with --config-plant, a commit in which triton_flash runs a genuinely slower tile configuration of the
      same kernel (no extra node, so small cases slow down too), judged against HEAD~1. Its size per case
      is whatever the kernel does; the summary reports detection against the realised estimate.
+  5. with --mixed SPEC (repeatable), one commit that plants a size per variant (cuda_tiled=0.03,sdpa=0.01,...):
+     the spin for every variant but triton_flash, and for triton_flash an in-kernel plant (extra dependent
+     arithmetic inside its own kernel, sized in the run's process from the paired planted/unplanted ratio),
+     which reaches every case size. One planted run then samples several sizes; --select EXPR limits every
+     run to some cases (pytest -k), so a planted run fits a device's call limit.
 The table prints verdict counts, false alarms, detection by case size (under and over 20 us), and device
 time per verdict against the plain run. Raw results files go to --out (default benchmarks/out/ab/).
 
@@ -85,6 +90,125 @@ VARIANTS["triton_flash"] = Variant(
 """
 ANCHOR_END = "}\n\nON_GPU = "
 
+# The in-kernel plant: triton_flash runs a loop of dependent multiply-adds at the end of every program, whose
+# result is added times a runtime zero (so the output is unchanged and no compiler can drop the loop). Its
+# length is a kernel argument, calibrated per case in the process that runs it, so it can be made as small as
+# a fraction of a microsecond: a spin kernel cannot be planted under the floor of one extra graph node. Sized
+# from the paired planted/unplanted ratio (benchmarks/results/ab_2026-11-23: single measurements of an 8 us
+# case spread more between captures than 256 iterations cost). Not yet run on a GPU end to end.
+KERNEL_PATCH = [
+    (
+        '@triton.jit(do_not_specialize=["N_CTX", "Z", "H"])',
+        '@triton.jit(do_not_specialize=["N_CTX", "Z", "H", "PLANT"])',
+    ),
+    (
+        "        acc = acc / l_i[:, None]\n",
+        "        _pl = l_i * 0.0 + 1.0\n"
+        "        for _it in range(PLANT):\n"
+        "            _pl = _pl * 0.999 + 0.001\n"
+        "        acc = acc + _pl[:, None] * PLANT_ZERO\n"
+        "        acc = acc / l_i[:, None]\n",
+    ),
+    ("            LAZY=lazy,\n", "            LAZY=lazy,\n            PLANT=_PLANT[0],\n            PLANT_ZERO=0.0,\n"),
+    (
+        "            LAZY=False,\n",
+        "            LAZY=False,\n            PLANT=_PLANT[0],\n            PLANT_ZERO=0.0,\n",
+    ),
+]
+KERNEL_SIGNATURE_END = "        LAZY: tl.constexpr,\n    ):\n"
+
+KERNEL_PLANT = """
+# planted by benchmarks/ab_campaign.py: triton_flash does calibrated extra work inside its own kernel
+import json as _json
+import math as _math
+import pathlib as _pl
+
+from kernels import triton_flash as _tf
+from pytest_perfguard.runner import describe_workload as _describe
+from pytest_perfguard.timing import CudaTimer as _Timer, MeasureConfig as _Cfg, measure as _measure
+
+_KPLAN = _json.loads((_pl.Path(__file__).parent / "planted.json").read_text())
+_ITERS = {}
+
+
+def _slowdown(q, k, v, causal, iters):
+    # The planted kernel's time over the unplanted one's, paired: both sides timed in the same blocks and
+    # recaptured every two blocks (the A/B gate's measurement), so capture placement, which moves a small
+    # kernel by more than a short loop costs, averages out instead of deciding the size.
+
+    def make(n):
+        def maker(i):
+            def call():
+                _tf._PLANT[0] = n  # read at launch, so captured into the timer's CUDA graph
+                try:
+                    return _tf.triton_flash(q, k, v, causal)
+                finally:
+                    _tf._PLANT[0] = 0
+
+            return call
+
+        return maker
+
+    m = _measure(make(iters), None, _Timer(), _Cfg(target=0.003, budget_s=2.0), base=make(0))
+    ratios = m.ab_ratios()
+    return _math.exp(sum(_math.log(r) for r in ratios) / len(ratios)) - 1, m.time.estimate
+
+
+def _calibrate(q, k, v, causal):
+    x = _KPLAN["x"]
+    probe = 64
+    while True:
+        s1, t1 = _slowdown(q, k, v, causal, probe)
+        if s1 > 2 * x or probe >= 1 << 22:
+            break
+        probe *= 4
+    iters = max(1, round(x * probe / max(s1, 1e-4)))
+    s2, _ = _slowdown(q, k, v, causal, iters)
+    if s2 > 0:  # one secant step: the loop's cost is not exactly linear in its length
+        iters = max(1, round(iters * x / s2))
+    s3, t3 = _slowdown(q, k, v, causal, iters)
+    return {"iters": iters, "planted_ns": t3, "predicted": s3}
+
+
+def _kernel_planted(q, k, v, causal):
+    key = _describe(((q, k, v), {"causal": causal}))
+    if key not in _ITERS:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the in-kernel plant must be calibrated before a capture")
+        _ITERS[key] = _calibrate(q, k, v, causal)
+        with open(_KPLAN["log"], "a") as f:
+            f.write(_json.dumps({"key": key, **_ITERS[key]}) + "\\n")
+    _tf._PLANT[0] = _ITERS[key]["iters"]
+    try:
+        return _tf.triton_flash(q, k, v, causal)
+    finally:
+        _tf._PLANT[0] = 0
+
+
+VARIANTS["triton_flash"] = Variant(
+    _kernel_planted,
+    requires=VARIANTS["triton_flash"].requires,
+    not_kernels=VARIANTS["triton_flash"].not_kernels,
+)
+"""
+
+
+def patch_kernel(repo: Path) -> None:
+    """Apply KERNEL_PATCH to the scratch copy of kernels/triton_flash.py; every anchor must match once."""
+    path = repo / "kernels" / "triton_flash.py"
+    text = path.read_text()
+    for old, new in KERNEL_PATCH:
+        assert text.count(old) == 1, f"kernel plant anchor {old!r} found {text.count(old)} times: update it"
+        text = text.replace(old, new)
+    start = text.index("    def _attn_fwd(")
+    end = text.index(KERNEL_SIGNATURE_END, start)
+    text = (
+        text[:end]
+        + "        LAZY: tl.constexpr,\n        PLANT,\n        PLANT_ZERO,\n    ):\n"
+        + text[end + len(KERNEL_SIGNATURE_END) :]
+    )
+    path.write_text(text + "\n_PLANT = [0]  # extra loop length, planted by benchmarks/ab_campaign.py\n")
+
 
 def git(repo: Path, *args: str) -> str:
     env = {
@@ -116,6 +240,9 @@ def _plugin_args() -> list[str]:
     return [] if installed else ["-p", "pytest_perfguard.plugin"]
 
 
+SELECT: list[str] = []  # -k EXPR for every run (--select)
+
+
 def run_suite(repo: Path, out: Path, name: str, extra: list[str], log: Path) -> tuple[float, dict[str, Any]]:
     cmd = [
         sys.executable,
@@ -130,6 +257,7 @@ def run_suite(repo: Path, out: Path, name: str, extra: list[str], log: Path) -> 
         "--perfguard-json",
         str(out / f"{name}.json"),
         *extra,
+        *SELECT,
     ]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     t0 = time.monotonic()
@@ -167,9 +295,10 @@ def gate(r: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((g for g in r.get("gates") or [] if g.get("gate") == name), None)
 
 
-def commit_plant(repo: Path, branch: str, code: str, extra: dict[str, str] | None = None) -> None:
-    """A commit on top of the base that appends `code` after the suite's variant table."""
-    git(repo, "checkout", "-q", "-B", branch, "main")
+def commit_plant(repo: Path, branch: str, code: str, extra: dict[str, str] | None = None, base: str = "main") -> None:
+    """A commit on top of `base` that appends `code` after the suite's variant table (and any edits already
+    made in the work tree)."""
+    git(repo, "checkout", "-q", "-B", branch, base)
     test = repo / "tests" / "perf" / "test_attention.py"
     text = test.read_text()
     anchor = "\nON_GPU = "
@@ -187,6 +316,14 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=8.0, help="start no run that would end after this")
     ap.add_argument("--plant", default="0.02,0.05", help="planted slowdowns, fractions")
     ap.add_argument("--config-plant", action="store_true", help="also plant a slower triton_flash config")
+    ap.add_argument(
+        "--mixed",
+        action="append",
+        metavar="SPEC",
+        help="one planted run with a size per variant, e.g. cuda_tiled=0.05,sdpa=0.01,triton_flash=0.03: "
+        "triton_flash gets the in-kernel plant (every size), the others the spin (above its floor); repeatable",
+    )
+    ap.add_argument("--select", metavar="EXPR", help="pytest -k expression: run only these cases of tests/perf")
     ap.add_argument("--aa-runs", type=int, default=0, help="A/A runs (default: as many as the time allows)")
     ap.add_argument("--no-aa", action="store_true", help="no A/A run: plants are sized from the plain run")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain --perfguard run")
@@ -197,6 +334,8 @@ def main() -> int:
         print(summarize(args.summarize))
         return 0
     deadline = time.monotonic() + args.minutes * 60
+    if args.select:
+        SELECT.extend(["-k", args.select])
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     work, repo = scratch_repo("ab-campaign-", "base")
@@ -248,6 +387,37 @@ def main() -> int:
             (out / f"planted_{x:g}.plan.json").write_text(plan)
             suite("planted", f"planted_{x:g}", ["--perfguard-against", "HEAD~1"])
             git(repo, "checkout", "-q", "main")
+    for i, spec in enumerate(args.mixed or []):
+        if not fits("planted", 200.0):
+            print(f"mixed plant {spec}: skipped, it would end after --minutes", flush=True)
+            continue
+        x_by_variant = {v: float(x) for v, x in (item.split("=") for item in spec.split(","))}
+        if any(v != "triton_flash" for v in x_by_variant) and not reference:
+            raise SystemExit("a spin plant is sized from a reference: run A/A first, or pass --reference")
+        ns_per_cycle, floor = calibrate() if any(v != "triton_flash" for v in x_by_variant) else (1.0, 0.0)
+        cycles = {
+            f"{variant}|{desc}": int((x_by_variant[variant] * t - floor) / ns_per_cycle)
+            for (variant, desc), t in reference.items()
+            if variant in x_by_variant and variant != "triton_flash" and x_by_variant[variant] * t > floor
+        }
+        log = out / f"mixed_{i}.calibration.jsonl"
+        plan: dict[str, Any] = {"kind": "mixed", "x_by_variant": x_by_variant, "cycles": cycles, "log": str(log)}
+        plan["x"] = x_by_variant.get("triton_flash", 0.0)
+        git(repo, "checkout", "-q", "-B", f"mixed-{i}", "main")
+        code = PLANT
+        if "triton_flash" in x_by_variant:
+            patch_kernel(repo)
+            code += KERNEL_PLANT
+        commit_plant(repo, f"mixed-{i}", code, {"planted.json": json.dumps(plan)}, base="HEAD")
+        doc = suite("planted", f"mixed_{i}", ["--perfguard-against", "HEAD~1"])
+        plan["planted"] = {
+            key: x_by_variant[r["variant"]]
+            for r in timed(doc)
+            if (key := f"{r['variant']}|{r['workload_desc']}") in cycles
+            or (r["variant"] == "triton_flash" and "triton_flash" in x_by_variant)
+        }
+        (out / f"mixed_{i}.plan.json").write_text(json.dumps(plan))
+        git(repo, "checkout", "-q", "main")
     if args.config_plant and fits("planted", 200.0):
         commit_plant(repo, "plant-config", CONFIG_PLANT)
         suite("planted", "config", ["--perfguard-against", "HEAD~1"])
@@ -319,7 +489,7 @@ def summarize(dirs: list[Path]) -> str:
             f"position bias: mean head/base log-estimate {statistics.mean(logs) * 100:+.3f}% "
             f"(sd {sd * 100:.2f}%, standard error {sd / math.sqrt(len(logs)) * 100:.3f}%, {len(logs)} cases)"
         )
-    for f, doc in load("planted_*.json") + load("config.json"):
+    for f, doc in load("planted_*.json") + load("mixed_*.json") + load("config.json"):
         if f.name.endswith(".plan.json"):
             continue
         lines.append("")
@@ -345,6 +515,19 @@ def measured(docs: list[tuple[Path, dict[str, Any]]]) -> float:
     return sum(r.get("elapsed_s") or 0.0 for r in rs) / max(len(rs), 1)
 
 
+def _sizes(plan: dict[str, Any]) -> str:
+    if "x_by_variant" in plan:
+        return "per variant: " + ", ".join(f"{v} +{x:.0%}" for v, x in sorted(plan["x_by_variant"].items()))
+    return f"+{plan['x']:.0%}"
+
+
+def _count(items: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
 def planted_table(f: Path, doc: dict[str, Any]) -> str:
     """Detection in one planted run, by the case's size and by the realised slowdown (the gate's estimate)."""
     from tabulate import tabulate
@@ -353,7 +536,8 @@ def planted_table(f: Path, doc: dict[str, Any]) -> str:
     plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
     rs = timed(doc)
     if plan is not None:
-        rs = [r for r in rs if f"{r['variant']}|{r['workload_desc']}" in plan["cycles"]]
+        keys = plan.get("planted", plan["cycles"])
+        rs = [r for r in rs if f"{r['variant']}|{r['workload_desc']}" in keys]
     elif f.name == "config.json":
         rs = [r for r in rs if r["variant"] == "triton_flash"]
     bins = [("realised < +1%", -1e9, 0.01), ("+1..2%", 0.01, 0.02), ("+2..3%", 0.02, 0.03)]
@@ -375,11 +559,55 @@ def planted_table(f: Path, doc: dict[str, Any]) -> str:
                     sum((gate(r, "baseline") or {}).get("status") == "regressed" for r in sel),
                 ]
             )
+    kind = "in-kernel for triton_flash, spin for the rest" if plan and plan.get("kind") == "mixed" else "spin"
     title = f"{f.parent.name}/{f.name}: " + (
-        f"planted +{plan['x']:.0%} (spin)" if plan else "slower triton_flash config"
+        f"planted {_sizes(plan)} ({kind})" if plan else "slower triton_flash config"
     )
     if plan is not None:
         title += f", {len(rs)} plantable cases"
+        others = [r for r in timed(doc) if f"{r['variant']}|{r['workload_desc']}" not in keys]
+        verdicts = {v: sum(r["verdict"] == v for r in others) for v in sorted({r["verdict"] for r in others})}
+        title += "; unplanted (the same code on both sides): " + ", ".join(f"{k} {v}" for k, v in verdicts.items())
+    calibration = Path(plan["log"]) if plan and plan.get("log") else None
+    if calibration is not None and not calibration.exists():
+        calibration = f.with_name(f.stem + ".calibration.jsonl")  # the folder was moved since the run
+    if calibration is not None and calibration.exists():
+        cal = {c["key"]: c for c in map(json.loads, calibration.read_text().splitlines())}
+        per_case = [
+            [
+                r["workload_desc"][:60],
+                f"{r['median_ns'] / 1000:.1f}",
+                f"{cal[r['workload_desc']]['predicted'] * 100:+.2f}%" if r["workload_desc"] in cal else "-",
+                f"{(((gate(r, 'ab') or {}).get('estimate') or 1.0) - 1) * 100:+.2f}%",
+                r["verdict"],
+            ]
+            for r in sorted(rs, key=lambda r: r["median_ns"])
+        ]
+        title += "\n" + tabulate(per_case, headers=["case", "us", "calibrated", "A/B estimate", "verdict"])
+    if plan is not None and plan.get("planted"):
+        by_x = []
+        for x in sorted(set(plan["planted"].values())):
+            for size, pick in (
+                ("<20us", lambda r: r["median_ns"] < 20_000),
+                (">=20us", lambda r: r["median_ns"] >= 20_000),
+            ):
+                sel = [r for r in rs if pick(r) and plan["planted"][f"{r['variant']}|{r['workload_desc']}"] == x]
+                if not sel:
+                    continue
+                est = [((gate(r, "ab") or {}).get("estimate") or 1.0) - 1 for r in sel]
+                by_x.append(
+                    [
+                        f"+{x:.0%}",
+                        size,
+                        len(sel),
+                        sum(r["verdict"] == "regressed" for r in sel),
+                        ", ".join(f"{k} {v}" for k, v in sorted(_count(r["verdict"] for r in sel).items())),
+                        f"{min(est) * 100:+.1f}..{max(est) * 100:+.1f}%",
+                        sum((gate(r, "baseline") or {}).get("status") == "regressed" for r in sel),
+                    ]
+                )
+        head_x = ["planted", "size", "cases", "caught", "all verdicts", "realised", "baseline gate caught"]
+        title += "\n" + tabulate(by_x, headers=head_x)
     head = [
         "size",
         "realised",
