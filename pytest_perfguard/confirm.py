@@ -178,6 +178,42 @@ def confirm_regression(run: CaseRun, verdict: Verdict) -> Confirmation:
     return noted(Status.INCONCLUSIVE, info, text, first=True)
 
 
+def confirm_faster(run: CaseRun, verdict: Verdict) -> Confirmation:
+    """A/B only: "faster than the base revision" is a claim a pull request shows, and a process can make it
+    alone. Two separately loaded copies of the same code can differ by a few percent for a whole process
+    (cuda_scalar on H100s, benchmarks/results/ab_2026-11-23: up to 4.7%, stable within the process), which
+    read as "faster" in 7 of 588 A/A verdicts. So the speed-up is checked in a fresh process: confirmed,
+    it stands; "pass" there, the case passes (slower in neither process, faster in one only); anything else
+    is inconclusive. Without a confirmation (off, the cap reached, a failed child) the verdict stands."""
+    if not run.state.settings.confirm or in_child():
+        return Confirmation(Status.FASTER)
+
+    def noted(status: Status, info: dict[str, Any] | None, text: str, first: bool = False) -> Confirmation:
+        verdict.notes.insert(0 if first else len(verdict.notes), text)
+        return Confirmation(status, info, text)
+
+    fresh = _fresh(run)
+    if fresh is None:
+        return noted(
+            Status.FASTER, None, f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run"
+        )
+    child, info = fresh
+    if isinstance(child, str):
+        return noted(Status.FASTER, info, f"confirmation failed, the verdict stands: {child}")
+    first = next((g.reason for g in verdict.gates if g.status is Status.FASTER and g.reason), "faster")
+    again = next((g.get("reason") for g in child.gates if g.get("status") == Status.FASTER), None)
+    if child.verdict is Status.FASTER:
+        return noted(Status.FASTER, info, f"confirmed in a fresh process: {again or 'faster'}")
+    shown = next((g.get("reason") for g in child.gates if g.get("gate") == "ab"), None)
+    text = (
+        f"not confirmed: {first} in this process, but {child.verdict} in a fresh one"
+        + (f" ({shown})" if shown else "")
+        + ": a process-dependent time"
+    )
+    status = Status.PASS if child.verdict is Status.PASS else Status.INCONCLUSIVE
+    return noted(status, info, text, first=True)
+
+
 def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict: Verdict) -> Confirmation:
     """An update run whose time moved past the case's threshold from the stored centre would restart the
     case's entry (a changed kernel: see baseline.merge_entry). A slow or fast process can do that on its

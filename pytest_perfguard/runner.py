@@ -28,7 +28,7 @@ import torch
 from . import baseline as bl
 from . import integrity, peaks
 from .ab import Twin, base_arguments
-from .confirm import Confirmation, confirm_move, confirm_regression
+from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .correctness import CorrectnessReport, Inputs, Oracle, check
 from .device import Disturbances, incomparable, manual_seed
 from .locks import device_lock
@@ -642,6 +642,9 @@ class Runner:
         confirmation: Confirmation | None = None
         if status is Status.REGRESSED and not s.update:
             confirmation = confirm_regression(self, verdict)
+            status = confirmation.status
+        elif status is Status.FASTER and not s.update and "ab" in (verdict.deciding or ()):
+            confirmation = confirm_faster(self, verdict)
             status = confirmation.status
         elif (
             s.update
