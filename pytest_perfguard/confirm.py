@@ -152,30 +152,7 @@ def confirm_regression(run: CaseRun, verdict: Verdict) -> Confirmation:
     one process alone becomes inconclusive. When no confirmation can be had, the regression stands."""
     if not run.state.settings.confirm or in_child():
         return Confirmation(Status.REGRESSED)
-
-    def noted(status: Status, info: dict[str, Any] | None, text: str, first: bool = False) -> Confirmation:
-        verdict.notes.insert(0 if first else len(verdict.notes), text)
-        return Confirmation(status, info, text)
-
-    fresh = _fresh(run)
-    if fresh is None:
-        return noted(
-            Status.REGRESSED, None, f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run"
-        )
-    child, info = fresh
-    if isinstance(child, str):
-        return noted(Status.REGRESSED, info, f"confirmation failed, the regression stands: {child}")
-    first = next((g.reason for g in verdict.gates if g.status is Status.REGRESSED and g.reason), "regressed")
-    again = next((g.get("reason") for g in child.gates if g.get("status") == Status.REGRESSED), None)
-    if child.verdict is Status.REGRESSED:
-        return noted(Status.REGRESSED, info, f"confirmed in a fresh process: {again or 'regressed'}")
-    shown = next((g.get("reason") for g in child.gates if g.get("gate") in ("ab", "baseline")), None)
-    text = (
-        f"not confirmed: {first} in this process, but {child.verdict} in a fresh one"
-        + (f" ({shown})" if shown else "")
-        + ": a process-dependent time, not judged"
-    )
-    return noted(Status.INCONCLUSIVE, info, text, first=True)
+    return _reconfirm(run, verdict, Status.REGRESSED, ("ab", "baseline"), ": a process-dependent time, not judged")
 
 
 def confirm_faster(run: CaseRun, verdict: Verdict) -> Confirmation:
@@ -187,6 +164,12 @@ def confirm_faster(run: CaseRun, verdict: Verdict) -> Confirmation:
     is inconclusive. Without a confirmation (off, the cap reached, a failed child) the verdict stands."""
     if not run.state.settings.confirm or in_child():
         return Confirmation(Status.FASTER)
+    return _reconfirm(run, verdict, Status.FASTER, ("ab",), ": a process-dependent time")
+
+
+def _reconfirm(run: CaseRun, verdict: Verdict, claim: Status, shown_gates: tuple[str, ...], tail: str) -> Confirmation:
+    """`claim` (regressed or faster) stands if the fresh process makes it too, or if no fresh process can be
+    had. Otherwise the case is inconclusive, or passes where a speed-up meets a pass."""
 
     def noted(status: Status, info: dict[str, Any] | None, text: str, first: bool = False) -> Confirmation:
         verdict.notes.insert(0 if first else len(verdict.notes), text)
@@ -194,24 +177,23 @@ def confirm_faster(run: CaseRun, verdict: Verdict) -> Confirmation:
 
     fresh = _fresh(run)
     if fresh is None:
-        return noted(
-            Status.FASTER, None, f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run"
-        )
+        return noted(claim, None, f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
     child, info = fresh
     if isinstance(child, str):
-        return noted(Status.FASTER, info, f"confirmation failed, the verdict stands: {child}")
-    first = next((g.reason for g in verdict.gates if g.status is Status.FASTER and g.reason), "faster")
-    again = next((g.get("reason") for g in child.gates if g.get("status") == Status.FASTER), None)
-    if child.verdict is Status.FASTER:
-        return noted(Status.FASTER, info, f"confirmed in a fresh process: {again or 'faster'}")
-    shown = next((g.get("reason") for g in child.gates if g.get("gate") == "ab"), None)
+        what = "the regression" if claim is Status.REGRESSED else "the verdict"
+        return noted(claim, info, f"confirmation failed, {what} stands: {child}")
+    first = next((g.reason for g in verdict.gates if g.status is claim and g.reason), str(claim))
+    again = next((g.get("reason") for g in child.gates if g.get("status") == claim), None)
+    if child.verdict is claim:
+        return noted(claim, info, f"confirmed in a fresh process: {again or claim}")
+    shown = next((g.get("reason") for g in child.gates if g.get("gate") in shown_gates), None)
     text = (
         f"not confirmed: {first} in this process, but {child.verdict} in a fresh one"
         + (f" ({shown})" if shown else "")
-        + ": a process-dependent time"
+        + tail
     )
-    status = Status.PASS if child.verdict is Status.PASS else Status.INCONCLUSIVE
-    return noted(status, info, text, first=True)
+    passed = claim is Status.FASTER and child.verdict is Status.PASS
+    return noted(Status.PASS if passed else Status.INCONCLUSIVE, info, text, first=True)
 
 
 def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict: Verdict) -> Confirmation:
