@@ -18,7 +18,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from typing import Any
 
@@ -94,6 +94,11 @@ def _count(what: str, fn: Callable[..., float] | None, params: dict[str, Any]) -
         return float(fn(**{k: params[k] for k in names if k in params}))
     except Exception as exc:
         raise TypeError(f"{what} callable failed with the test parameters {sorted(params)}: {exc}") from exc
+
+
+def _max_ratio(trial: Trial) -> float | None:
+    """The variant's own max_ratio, else its case's: the ratio gate that decides in every mode."""
+    return trial.variant.max_ratio if trial.variant.max_ratio is not None else trial.case.max_ratio
 
 
 def _flops(case: PerfCase, params: dict[str, Any]) -> float | None:
@@ -532,10 +537,12 @@ class Runner:
         judged on all blocks together."""
         s, case = self.state.settings, trial.case
         cfg = self._config()
+        base = trial.calls(twin.variant.fn) if twin is not None and twin.variant is not None else None
+        if base is not None and _max_ratio(trial) is None:
+            cfg = replace(cfg, stop_on_ratio=False)  # the A/B gate decides; the ratio to `against` is reported
         monitor = Disturbances.open(s.device)
         on_block = monitor.check if monitor is not None else None
         against = trial.calls(case.against) if case.against is not None else None
-        base = trial.calls(twin.variant.fn) if twin is not None and twin.variant is not None else None
         nbytes = input_bytes(trial.first)
         on_progress = self._on_progress()
         with self._lock(exclusive=True):
@@ -576,7 +583,6 @@ class Runner:
     def _judge(self, trial: Trial, record: CaseRecord, m: Measurement, twin: Twin | None) -> Verdict:
         s = self.state.settings
         stored = self._stored()
-        variant = trial.variant
         env = record.env or {}
         verdict = decide(
             m.variant_blocks,
@@ -585,7 +591,7 @@ class Runner:
             workload=record.workload or "",
             env=env,
             policy=self.state.policy(),
-            max_ratio=variant.max_ratio if variant.max_ratio is not None else trial.case.max_ratio,
+            max_ratio=_max_ratio(trial),
             incomparable=incomparable(stored.env, env) if stored is not None else [],
             disturbances=m.notes,
         )

@@ -114,6 +114,51 @@ def test_stops_at_max_blocks() -> None:
 # ----------------------------------------------------------------------------------------------- pairing
 
 
+def placed(clock: FakeClock, ns: float, spread: float, seed: int) -> Callable[[int], Callable[[], object]]:
+    """A call whose time depends on where it was placed: every new capture (a call made for a new sample)
+    draws a new factor, as recaptured CUDA graphs move a kernel by more than its in-capture noise."""
+    rng = random.Random(seed)
+
+    def make(_i: int) -> Callable[[], object]:
+        ns_here = ns * math.exp(spread * rng.gauss(0.0, 1.0))
+
+        def call() -> None:
+            clock.now += round(ns_here)
+
+        return call
+
+    return make
+
+
+@pytest.mark.parametrize("stop_on_ratio", [True, False])
+def test_with_a_base_only_the_intervals_that_decide_must_narrow(stop_on_ratio: bool) -> None:
+    """Head and base identical; the reference moves 5% with every recapture (one call per sample at 300
+    us, so one placement per sample). Its ratio interval narrows slowly; under the A/B gate that ratio
+    decides nothing (without max_ratio), so it need not narrow."""
+    clock = FakeClock()
+    cfg = MeasureConfig(target=0.01, budget_s=100.0, max_blocks=60, stop_on_ratio=stop_on_ratio)
+    m = measure(
+        kernel(clock, lambda: 300_000.0),
+        placed(clock, 300_000.0, 0.05, 7),
+        CpuTimer(clock),
+        cfg,
+        rng=random.Random(8),
+        base=kernel(clock, lambda: 300_000.0),
+    )
+    assert m.log_ratio is not None and m.ratio is not None  # reported either way
+    assert m.ab_ratios() and all(r == pytest.approx(1.0) for r in m.ab_ratios())
+    if stop_on_ratio:
+        assert (m.stop_reason, m.blocks) == ("max_blocks", 60)
+        assert relative_half_width(m.log_ratio) > cfg.target
+    else:
+        assert (m.stop_reason, m.blocks) == ("target", cfg.min_groups * cfg.recapture_every)
+    # Without a base the ratio always counts: the plain run's ratio gate decides.
+    plain = measure(
+        kernel(clock, lambda: 300_000.0), placed(clock, 300_000.0, 0.05, 7), CpuTimer(clock), cfg, rng=random.Random(8)
+    )
+    assert plain.stop_reason == "target" and relative_half_width(plain.log_ratio or plain.log_time) <= cfg.target
+
+
 def test_ratio_is_paired_per_block() -> None:
     """The device speed changes wildly between blocks; a variant exactly 2x its reference still reads 2.000."""
     clock = FakeClock()
