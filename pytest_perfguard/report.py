@@ -338,6 +338,9 @@ def terminal_lines(records: Iterable[CaseRecord], *, verbose: bool = False, widt
             test = r.test
             out.append(f"{test}:")
         out.append(_line(rows[r.id], widths))
+        if r.verdict is Status.PASS and (r.gate("ab") or {}).get("status") == "faster":
+            # faster in this process only: the row's delta needs the fresh process's word beside it
+            out.extend(textwrap.wrap(why(r), width, initial_indent="    ", subsequent_indent="      "))
     out.extend(skip_lines(records, width))
     out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column and skipped row: -v")
     return out

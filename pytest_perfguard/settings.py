@@ -151,7 +151,8 @@ SPECS: tuple[Spec, ...] = (
         "confirm",
         "bool",
         True,
-        "re-run a regressed case once in a fresh process and fail only if it regresses there too",
+        "re-run a regressed case (against a base revision, a faster one too) once in a fresh process; "
+        "the verdict stands only if it holds there",
     ),
     Spec("json", "path", None, "write every result to this JSON file"),
     Spec("html", "path", None, "write a self-contained HTML report to this file"),

@@ -191,6 +191,8 @@ def test_a_speedup_is_faster_only_when_a_fresh_process_sees_it_too(
     assert fast["verdict"] == "pass" and fast["confirmation"]["verdict"] == "pass"
     note = next(r for r in fast["reasons"] if r.startswith("not confirmed"))
     assert "faster than the base revision" in note and "but pass in a fresh one" in note
+    text = " ".join(result.stdout.str().split())  # the note under the pass row, wrapped to the table's width
+    assert "not confirmed: time vs base revision -" in text and "but pass in a fresh one" in text
     assert newv["verdict"] == "faster" and newv["confirmation"]["verdict"] == "faster"
     assert any(r.startswith("confirmed in a fresh process: time vs base revision -10") for r in newv["reasons"])
 
