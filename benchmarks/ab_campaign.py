@@ -1,7 +1,8 @@
 """A/B campaign: the head/base gate on the guarded suite, A/A and planted slowdowns, in fresh processes.
 
-Method. The repository is copied into a scratch git repository (one commit, the base). Then, each in a
-fresh pytest process over `tests/perf` on the GPU:
+Method. The repository is copied into a scratch git repository (one commit, the base). A warm-up process
+builds the CUDA extension of both trees and compiles the Triton kernel for every shape (--no-warm skips
+it), so no timed run pays a one-time build. Then, each in a fresh pytest process over `tests/perf` on the GPU:
   1. one plain `--perfguard` run (the stored-baseline mode), for the device time per verdict it costs;
   2. A/A runs, `--perfguard-against HEAD` on the clean tree: every case compares identical code, so every
      "regressed" is a false alarm;
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -241,31 +243,38 @@ def _plugin_args() -> list[str]:
 
 
 SELECT: list[str] = []  # -k EXPR for every run (--select)
+PLANT_SELECT: list[str] = []  # -k EXPR for the planted runs alone (--plant-select)
 
 
-def run_suite(repo: Path, out: Path, name: str, extra: list[str], log: Path) -> tuple[float, dict[str, Any]]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "tests/perf",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        *_plugin_args(),
-        "--perfguard",
-        "--perfguard-json",
-        str(out / f"{name}.json"),
-        *extra,
-        *SELECT,
-    ]
+def _pytest(repo: Path, args: list[str], log: Path) -> float:
+    """One fresh pytest process over the scratch repository's tests/perf; its wall time."""
+    cmd = [sys.executable, "-m", "pytest", "tests/perf", "-q", "-p", "no:cacheprovider", *_plugin_args(), *args]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - t0
     log.write_text(proc.stdout + proc.stderr)
+    return time.monotonic() - t0
+
+
+def run_suite(
+    repo: Path, out: Path, name: str, extra: list[str], log: Path, select: list[str]
+) -> tuple[float, dict[str, Any]]:
+    wall = _pytest(repo, ["--perfguard", "--perfguard-json", str(out / f"{name}.json"), *extra, *select], log)
     doc = json.loads((out / f"{name}.json").read_text())
     return wall, doc
+
+
+def warm_up(repo: Path, out: Path) -> float:
+    """Build and compile what every run needs before any run is timed, so that no run's wall, and no cost
+    ratio, carries a one-time build: the Triton kernel for every shape (a correctness-only pass over
+    triton_flash) and the CUDA extension of the head's and the base's tree (one A/B case). A CI runner
+    keeps these caches between jobs; a fresh device machine does not."""
+    wall = _pytest(repo, ["-k", "triton_flash"], out / "warm_triton.log")
+    one = ["--perfguard", "--perfguard-against", "HEAD", "--perfguard-case-budget", "0.2", "--perfguard-no-confirm"]
+    wall += _pytest(repo, [*one, "-k", "cuda_tiled and B1-H1-S128"], out / "warm_cuda.log")
+    (out / "warm.wall").write_text(f"{wall:.1f}\n")
+    print(f"warm-up (builds, Triton JIT): {wall:.0f} s", flush=True)
+    return wall
 
 
 CALIBRATE = """
@@ -285,6 +294,18 @@ def calibrate() -> tuple[float, float]:
     done = subprocess.run([sys.executable, "-c", CALIBRATE], env=env, capture_output=True, text=True, check=True)
     ns_per_cycle, floor = json.loads(done.stdout.strip().splitlines()[-1])
     return float(ns_per_cycle), float(floor)
+
+
+def spin_cycles(
+    reference: dict[tuple[str, str], float], x_by_variant: dict[str, float], floor: float, ns_per_cycle: float
+) -> dict[str, int]:
+    """Spin cycles per case for a slowdown of x times its reference time; a case whose slowdown is below the
+    extra node's floor cannot be planted that small and gets none."""
+    return {
+        f"{variant}|{desc}": int((x_by_variant[variant] * t - floor) / ns_per_cycle)
+        for (variant, desc), t in reference.items()
+        if variant in x_by_variant and x_by_variant[variant] * t > floor
+    }
 
 
 def timed(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -324,9 +345,11 @@ def main() -> int:
         "triton_flash gets the in-kernel plant (every size), the others the spin (above its floor); repeatable",
     )
     ap.add_argument("--select", metavar="EXPR", help="pytest -k expression: run only these cases of tests/perf")
+    ap.add_argument("--plant-select", metavar="EXPR", help="pytest -k expression for the planted runs alone")
     ap.add_argument("--aa-runs", type=int, default=0, help="A/A runs (default: as many as the time allows)")
     ap.add_argument("--no-aa", action="store_true", help="no A/A run: plants are sized from the plain run")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain --perfguard run")
+    ap.add_argument("--no-warm", action="store_true", help="no warm-up process: the first runs pay the builds")
     ap.add_argument("--reference", type=Path, help="size the plants from this results file (same GPU model)")
     ap.add_argument("--summarize", type=Path, nargs="+", metavar="DIR", help="only summarise these folders")
     args = ap.parse_args()
@@ -336,6 +359,8 @@ def main() -> int:
     deadline = time.monotonic() + args.minutes * 60
     if args.select:
         SELECT.extend(["-k", args.select])
+    if args.plant_select:
+        PLANT_SELECT.extend(["-k", args.plant_select])
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     work, repo = scratch_repo("ab-campaign-", "base")
@@ -347,7 +372,8 @@ def main() -> int:
         return time.monotonic() + last.get(kind, default) < deadline
 
     def suite(kind: str, name: str, extra: list[str]) -> dict[str, Any]:
-        wall, doc = run_suite(repo, out, name, extra, out / f"{name}.log")
+        select = PLANT_SELECT if kind == "planted" and PLANT_SELECT else SELECT
+        wall, doc = run_suite(repo, out, name, extra, out / f"{name}.log", select)
         last[kind] = wall
         (out / f"{name}.wall").write_text(f"{wall:.1f}\n")
         print(f"{name}: {len(timed(doc))} timed cases in {wall:.0f} s", flush=True)
@@ -358,6 +384,8 @@ def main() -> int:
         reference = {
             (r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(json.loads(args.reference.read_text()))
         }
+    if not args.no_warm:
+        warm_up(repo, out)
     if not args.no_plain:
         doc = suite("plain", "plain", [])
         reference = reference or {(r["variant"], r["workload_desc"]): r["median_ns"] for r in timed(doc)}
@@ -375,11 +403,7 @@ def main() -> int:
             if not fits("planted", 200.0):
                 print(f"planted {x:g}: skipped, it would end after --minutes", flush=True)
                 continue
-            cycles = {}
-            for (variant, desc), t in reference.items():
-                extra = x * t - floor
-                if extra > 0:
-                    cycles[f"{variant}|{desc}"] = int(extra / ns_per_cycle)
+            cycles = spin_cycles(reference, {variant: x for variant, _ in reference}, floor, ns_per_cycle)
             plan = json.dumps(
                 {"x": x, "cycles": cycles, "reference_ns": {"|".join(k): v for k, v in reference.items()}}
             )
@@ -395,11 +419,8 @@ def main() -> int:
         if any(v != "triton_flash" for v in x_by_variant) and not reference:
             raise SystemExit("a spin plant is sized from a reference: run A/A first, or pass --reference")
         ns_per_cycle, floor = calibrate() if any(v != "triton_flash" for v in x_by_variant) else (1.0, 0.0)
-        cycles = {
-            f"{variant}|{desc}": int((x_by_variant[variant] * t - floor) / ns_per_cycle)
-            for (variant, desc), t in reference.items()
-            if variant in x_by_variant and variant != "triton_flash" and x_by_variant[variant] * t > floor
-        }
+        spun = {v: x for v, x in x_by_variant.items() if v != "triton_flash"}  # triton_flash: in-kernel
+        cycles = spin_cycles(reference, spun, floor, ns_per_cycle)
         log = out / f"mixed_{i}.calibration.jsonl"
         plan: dict[str, Any] = {"kind": "mixed", "x_by_variant": x_by_variant, "cycles": cycles, "log": str(log)}
         plan["x"] = x_by_variant.get("triton_flash", 0.0)
@@ -430,6 +451,8 @@ def main() -> int:
 
 
 MARGINS = (0.010, 0.015, 0.020)
+# The A/B gate's two margins split cases at 20 us (settings.AB_SMALL_NS); every table splits them there too.
+SIZES = (("<20us", lambda r: r["median_ns"] < 20_000), (">=20us", lambda r: r["median_ns"] >= 20_000))
 
 
 def rejudge(r: dict[str, Any], margin: float) -> str | None:
@@ -453,7 +476,7 @@ def summarize(dirs: list[Path]) -> str:
     lines: list[str] = []
     aa_docs = load("aa_*.json")
     aa = [r for _, d in aa_docs for r in timed(d)]
-    sizes = {"<20us": lambda r: r["median_ns"] < 20_000, ">=20us": lambda r: r["median_ns"] >= 20_000}
+    sizes = dict(SIZES)
     rows = []
     for label, pick in [("all", lambda r: True), *sizes.items()]:
         rs = [r for r in aa if pick(r)]
@@ -521,13 +544,6 @@ def _sizes(plan: dict[str, Any]) -> str:
     return f"+{plan['x']:.0%}"
 
 
-def _count(items: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item] = counts.get(item, 0) + 1
-    return counts
-
-
 def planted_table(f: Path, doc: dict[str, Any]) -> str:
     """Detection in one planted run, by the case's size and by the realised slowdown (the gate's estimate)."""
     from tabulate import tabulate
@@ -543,7 +559,7 @@ def planted_table(f: Path, doc: dict[str, Any]) -> str:
     bins = [("realised < +1%", -1e9, 0.01), ("+1..2%", 0.01, 0.02), ("+2..3%", 0.02, 0.03)]
     bins += [("+3..5%", 0.03, 0.05), ("+5..10%", 0.05, 0.10), (">= +10%", 0.10, 1e9)]
     rows = []
-    for size, pick in (("<20us", lambda r: r["median_ns"] < 20_000), (">=20us", lambda r: r["median_ns"] >= 20_000)):
+    for size, pick in SIZES:
         for label, lo, hi in bins:
             sel = [r for r in rs if pick(r) and lo <= ((gate(r, "ab") or {}).get("estimate") or 1.0) - 1 < hi]
             if not sel:
@@ -587,10 +603,7 @@ def planted_table(f: Path, doc: dict[str, Any]) -> str:
     if plan is not None and plan.get("planted"):
         by_x = []
         for x in sorted(set(plan["planted"].values())):
-            for size, pick in (
-                ("<20us", lambda r: r["median_ns"] < 20_000),
-                (">=20us", lambda r: r["median_ns"] >= 20_000),
-            ):
+            for size, pick in SIZES:
                 sel = [r for r in rs if pick(r) and plan["planted"][f"{r['variant']}|{r['workload_desc']}"] == x]
                 if not sel:
                     continue
@@ -601,7 +614,7 @@ def planted_table(f: Path, doc: dict[str, Any]) -> str:
                         size,
                         len(sel),
                         sum(r["verdict"] == "regressed" for r in sel),
-                        ", ".join(f"{k} {v}" for k, v in sorted(_count(r["verdict"] for r in sel).items())),
+                        ", ".join(f"{k} {v}" for k, v in sorted(Counter(r["verdict"] for r in sel).items())),
                         f"{min(est) * 100:+.1f}..{max(est) * 100:+.1f}%",
                         sum((gate(r, "baseline") or {}).get("status") == "regressed" for r in sel),
                     ]
