@@ -2,8 +2,8 @@
 
 Every variant is ``fn(q, k, v, causal) -> Tensor`` on contiguous (B, H, S, D) fp16/bf16 CUDA tensors with
 D in {64, 128}. The extension is compiled with ``torch.utils.cpp_extension.load`` into a build folder keyed
-by a hash of the sources, flags and torch version, so an edit or a torch upgrade rebuilds and nothing else
-does. ``unavailable_reason`` says why the kernels cannot run here (and never raises), so tests can skip
+by a hash of the sources, flags, torch version and their folder, so an edit or a torch upgrade rebuilds and
+nothing else does. ``unavailable_reason`` says why the kernels cannot run here (and never raises), so tests can skip
 with that sentence. ``nvcc_compile_check`` compiles one .cu file alone and reads ptxas' resource report,
 which is how the CPU-only test suite proves that no kernel spills registers.
 """
@@ -108,7 +108,15 @@ def _cuda_cflags(archs: list[str]) -> list[str]:
 
 
 def _source_hash(cflags: list[str], torch_version: str) -> str:
+    """The build's key: sources, flags, torch version, and the folder the sources are in.
+
+    The folder is in the key because an A/B run loads this module twice, from the head's tree and from the
+    base revision's, and torch passes the include folder to the build: two trees sharing one build folder
+    and module name made torch rename the second ("_v1") and ninja rebuild both in every process, about a
+    minute per process on an H100 (benchmarks/results/ab_2026-11-25). Keyed apart, each tree builds once.
+    """
     h = hashlib.sha256()
+    h.update(str(CUDA_DIR).encode())
     for path in (_BINDINGS, *CU_SOURCES, *_HEADERS):
         h.update(path.name.encode())
         h.update(path.read_bytes())
@@ -145,7 +153,8 @@ def load(verbose: bool = False) -> ModuleType:
     """Build (or reuse) the extension and return it; raises on a build error.
 
     The build folder is ``$TORCH_EXTENSIONS_DIR/<name>`` when that variable is set, else
-    ``~/.cache/pytest-perfguard/kernels-<hash>``, the hash covering sources, flags and torch version.
+    ``~/.cache/pytest-perfguard/kernels-<hash>``, the hash covering sources, flags, torch version and the
+    sources' folder (`_source_hash`).
     """
     global _module, _build_error
     with _lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -140,3 +141,24 @@ def test_wrappers_fail_clearly_without_cuda() -> None:
     q = torch.zeros(1, 1, 8, 64, dtype=torch.float16)
     with pytest.raises(RuntimeError, match="torch built without CUDA"):
         cuda_ext.cuda_wmma(q, q, q, True)
+
+
+def test_two_trees_of_the_same_sources_build_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An A/B run loads kernels/ from the head's tree and from the base revision's: identical sources in two
+    folders. Sharing one build folder and name made torch rename the second and rebuild both in every
+    process; each tree keys its own build, and one tree's key is stable."""
+    import importlib.util
+    import shutil
+
+    copy = tmp_path / "kernels"
+    shutil.copytree(cuda_ext.CUDA_DIR.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    spec = importlib.util.spec_from_file_location("_base_cuda_ext", copy / "cuda_ext.py")
+    assert spec is not None and spec.loader is not None
+    base = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, base)  # dataclasses look their module up there
+    spec.loader.exec_module(base)
+    flags = ["-O3"]
+    assert copy / "cuda" == base.CUDA_DIR and base.CU_SOURCES[0].read_bytes() == cuda_ext.CU_SOURCES[0].read_bytes()
+    assert base._source_hash(flags, "2.x") != cuda_ext._source_hash(flags, "2.x")
+    assert cuda_ext._source_hash(flags, "2.x") == cuda_ext._source_hash(list(flags), "2.x")
+    assert cuda_ext._source_hash(flags, "2.x") != cuda_ext._source_hash(flags, "2.y")
