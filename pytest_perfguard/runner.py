@@ -37,7 +37,7 @@ from .record import CaseRecord, Outcome, Status
 from .session import SessionState
 from .stats import relative_half_width
 from .timing import Call, MeasureConfig, Measurement, Progress, Timer, make_timer, measure, pooled
-from .verdict import Verdict, ab_gate, case_mde, decide, unpaired_gate
+from .verdict import Verdict, ab_gate, ab_progress, case_mde, decide, unpaired_gate
 from .watchdog import Deadline, deadline
 
 
@@ -538,8 +538,15 @@ class Runner:
         s, case = self.state.settings, trial.case
         cfg = self._config()
         base = trial.calls(twin.variant.fn) if twin is not None and twin.variant is not None else None
-        if base is not None and _max_ratio(trial) is None:
-            cfg = replace(cfg, stop_on_ratio=False)  # the A/B gate decides; the ratio to `against` is reported
+        if base is not None:
+            policy = self.state.policy()
+
+            def progress(ratios: Sequence[float], time_ns: float) -> float:
+                return ab_progress(ratios, policy, s.ab_margin_for(time_ns), s.ab_detect_for(time_ns))
+
+            # The A/B gate decides: measure until its MDE reaches its promise; the ratio to `against` is
+            # reported, and need not narrow unless a max_ratio gate judges it.
+            cfg = replace(cfg, ab_progress=progress, stop_on_ratio=_max_ratio(trial) is not None)
         monitor = Disturbances.open(s.device)
         on_block = monitor.check if monitor is not None else None
         against = trial.calls(case.against) if case.against is not None else None

@@ -31,6 +31,10 @@ DEFAULT_MARGIN = 0.05  # the A/A rates behind it: benchmarks/results/README.md
 DEFAULT_AB_MARGIN = 0.010
 DEFAULT_AB_SMALL_MARGIN = 0.015
 AB_SMALL_NS = 20_000.0
+# An A/B case measures until a slowdown of this many times its margin would fail it 95% of the time (its
+# MDE), or its budget ends: +2% from 20 us up, +3% below, at the default margins. Stopping on the 1% CI
+# target alone left 24 of 98 cases above that, MDEs up to 4.3% (benchmarks/results/ab_2026-11-25).
+AB_DETECT_FACTOR = 2.0
 
 
 def _fraction(value: float) -> None:
@@ -205,6 +209,10 @@ class Settings:
     def ab_margin_for(self, time_ns: float) -> float:
         """The A/B gate's margin for a case of this time: the small-case one under AB_SMALL_NS."""
         return self.ab_margin if time_ns >= AB_SMALL_NS else max(self.ab_margin, self.ab_small_margin)
+
+    def ab_detect_for(self, time_ns: float) -> float:
+        """The slowdown an A/B pass must rule out for a case of this time (AB_DETECT_FACTOR margins)."""
+        return AB_DETECT_FACTOR * self.ab_margin_for(time_ns)
 
     def child_env(self) -> dict[str, str]:
         """The environment that gives a fresh process these settings (paths absolute)."""

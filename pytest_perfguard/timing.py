@@ -298,6 +298,10 @@ class MeasureConfig:
     # different amounts, so that interval narrows slowly (1-4% after 400 blocks for cuda_scalar on H100s),
     # and under the A/B gate it decides nothing unless a max_ratio gate is set: then the runner leaves it on.
     stop_on_ratio: bool = True
+    # With a base side, how far the head/base interval is from done, given the capture-group ratios and the
+    # case's time per call in ns (at most 1: done). The A/B gate sets it from its MDE, whose margin depends on
+    # the case's size. None: its relative half-width must reach `target`, as the other intervals must.
+    ab_progress: Callable[[Sequence[float], float], float] | None = None
 
 
 @dataclass
@@ -519,7 +523,8 @@ def _narrow(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfi
 
 
 def _widest(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfig) -> float:
-    """The widest relative half-width of the intervals the verdict needs (inf while one cannot be formed)."""
+    """The widest relative half-width of the intervals the verdict needs (inf while one cannot be formed),
+    on `cfg.target`'s scale: the head/base interval, when it has a rule of its own, counts as target * progress."""
     if len(blocks["v"]) < 2:
         return math.inf
     log_t, log_r = _intervals(blocks["v"], blocks.get("a"), cfg.confidence)
@@ -528,7 +533,10 @@ def _widest(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfi
         widths.append(relative_half_width(log_r))
     if "b" in blocks:
         ab = group_ratios(blocks["v"], blocks["b"], groups)
-        widths.append(relative_half_width(log_interval(ab, cfg.confidence)) if len(ab) >= 2 else math.inf)
+        if cfg.ab_progress is not None:
+            widths.append(cfg.target * cfg.ab_progress(ab, statistics.median(blocks["v"])))
+        else:
+            widths.append(relative_half_width(log_interval(ab, cfg.confidence)) if len(ab) >= 2 else math.inf)
     return max(widths)
 
 

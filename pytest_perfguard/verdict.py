@@ -170,6 +170,19 @@ def minimum_detectable_effect(
     return math.expm1(tau + h + normal_quantile(p) * math.hypot(s, b))
 
 
+def ab_progress(group_ratios: Sequence[float], policy: Policy, margin: float, detect: float) -> float:
+    """How far an A/B measurement is from the gate's detection promise: (MDE - margin) / (detect - margin),
+    where the MDE is the one ab_gate reports for these ratios. At most 1: a slowdown of `detect` fails the
+    case with probability MDE_POWER, so a pass rules it out. inf while the interval is unbounded."""
+    if not detect > margin:
+        raise ValueError(f"the detectable slowdown {detect:g} must exceed the margin {margin:g}")
+    if len(group_ratios) < 2:
+        return math.inf
+    dec = log_interval(group_ratios, policy.decision_confidence)
+    mde = minimum_detectable_effect(dec, math.log1p(margin), 0.0, 1, confirm=policy.confirm)
+    return math.inf if mde is None else (mde - margin) / (detect - margin)
+
+
 def case_mde(gates: Sequence[Gate], *, variant_is_against: bool) -> float | None:
     """The case's minimum detectable effect: its best gate's. A variant's own slowdown moves its time and
     its ratio to the reference alike, and either gate fails the case. A variant that is the reference itself

@@ -18,7 +18,7 @@ import pytest
 from pytest_perfguard.baseline import BaselineEntry
 from pytest_perfguard.stats import relative_half_width
 from pytest_perfguard.timing import CpuTimer, MeasureConfig, Measurement, choose_reps, measure, pooled
-from pytest_perfguard.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
+from pytest_perfguard.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, ab_gate, ab_progress, decide
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json"
 GPU_POLICY = Policy(margin=0.02, alpha=0.05, family_size=1, noise_floor=0.003, ratio_noise_floor=0.002)
@@ -157,6 +157,51 @@ def test_with_a_base_only_the_intervals_that_decide_must_narrow(stop_on_ratio: b
         kernel(clock, lambda: 300_000.0), placed(clock, 300_000.0, 0.05, 7), CpuTimer(clock), cfg, rng=random.Random(8)
     )
     assert plain.stop_reason == "target" and relative_half_width(plain.log_ratio or plain.log_time) <= cfg.target
+
+
+def test_an_ab_measurement_runs_until_the_gate_can_keep_its_detection_promise() -> None:
+    """Head and base both move 1% with every recapture (placement): the head/base interval reaches the 1% CI
+    target early, when the gate's MDE is still far above +2%. With the gate's own rule the engine measures on
+    until a +2% slowdown would fail the case 95% of the time, and the verdict reports that MDE."""
+    policy = Policy(family_size=98, confirm=True)
+
+    def run(cfg: MeasureConfig) -> Measurement:
+        clock = FakeClock()
+        return measure(
+            placed(clock, 30_000.0, 0.01, 3),
+            None,
+            CpuTimer(clock),
+            cfg,
+            rng=random.Random(4),
+            base=placed(clock, 30_000.0, 0.01, 5),
+        )
+
+    plain = run(MeasureConfig(target=0.01, budget_s=100.0, max_blocks=400))
+    ab = run(
+        MeasureConfig(
+            target=0.01,
+            budget_s=100.0,
+            max_blocks=400,
+            ab_progress=lambda ratios, _ns: ab_progress(ratios, policy, 0.01, 0.02),
+        )
+    )
+    mde = lambda m: ab_gate(m.ab_ratios(), policy, 0.01).mde  # noqa: E731
+    assert plain.stop_reason == "target" and mde(plain) > 0.02
+    assert ab.stop_reason == "target" and ab.blocks > plain.blocks and mde(ab) <= 0.02
+
+
+def test_ab_progress_is_the_gates_mde_against_its_promise() -> None:
+    rng = np.random.default_rng(2)
+    policy = Policy(family_size=50, confirm=True)
+    for n in (16, 64, 200):
+        ratios = list(np.exp(rng.normal(0.0, 0.01, n)))
+        mde = ab_gate(ratios, policy, 0.015).mde
+        assert mde is not None
+        assert ab_progress(ratios, policy, 0.015, 0.03) == pytest.approx((mde - 0.015) / 0.015)
+    assert ab_progress([1.0], policy, 0.01, 0.02) == math.inf
+    assert ab_progress([1.0, 1.01, 0.99, 1.0], policy, 0.01, 0.02) == math.inf  # too few groups at 99.9%
+    with pytest.raises(ValueError, match="must exceed the margin"):
+        ab_progress([1.0, 1.01], policy, 0.02, 0.02)
 
 
 def test_ratio_is_paired_per_block() -> None:
