@@ -9,6 +9,7 @@ at most twice that error, plus a small epsilon), with an absolute/relative backs
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -78,6 +79,21 @@ class Oracle:
     ref: torch.Tensor  # the reference on float64 copies, on the inputs' device
     native_dtype: torch.dtype | None  # the dtype of the reference run on the inputs as they are
     native_err: float | None  # that native-precision path's max error against `ref`, where `ref` is finite
+
+    @functools.cached_property
+    def finite(self) -> bool:
+        """Every reference element is finite: the common case, judged without the non-finite bookkeeping."""
+        return bool(torch.isfinite(self.ref).all())
+
+    @functools.cached_property
+    def ref_norm(self) -> float:
+        """The reference's Frobenius norm over its finite elements."""
+        r = self.ref
+        return float(torch.linalg.vector_norm(r if self.finite else torch.where(torch.isfinite(r), r, 0.0)))
+
+    @functools.cached_property
+    def ref_abs_max(self) -> float:
+        return float(self.ref.abs().max()) if self.ref.numel() else 0.0
 
     def fits(self, inputs: Inputs) -> bool:
         """The inputs have these names, shapes, dtypes and devices: these values could be copied into them."""
@@ -311,8 +327,12 @@ def judge_output(
 
     o = out.detach().to(torch.float64)
     r = ref
-    ref_finite = torch.isfinite(r)
-    bad = ~torch.isfinite(o) & ref_finite
+    # This runs twice per timed case (integrity.timed_outputs), each pass over a float64 copy of the output:
+    # at B8 H16 S4096 the check was 9% of a 0.3 s case on an H100 (benchmarks/results/ab_2026-11-25). With
+    # a finite reference the non-finite masks are skipped, and the oracle's norm and maximum are kept.
+    ref_finite = None if oracle.finite else torch.isfinite(r)
+    unwritten = ~torch.isfinite(o)
+    bad = unwritten if ref_finite is None else unwritten & ref_finite
     if bool(bad.any()):
         count = int(bad.sum())
         first = _index(int(torch.nonzero(bad.flatten())[0]), o.shape)
@@ -320,16 +340,18 @@ def judge_output(
             f"{count} of {o.numel()} output elements are NaN/Inf where the reference is finite, first at index "
             f"{first} (seed {seed}): unwritten output or overflow"
         )
-    mismatch = ~ref_finite & ~((torch.isnan(o) & torch.isnan(r)) | (o == r))
-    if bool(mismatch.any()):
-        first = _index(int(torch.nonzero(mismatch.flatten())[0]), o.shape)
-        raise CorrectnessFailure(f"reference is non-finite at {first} but the output differs there (seed {seed})")
-
-    diff = torch.where(ref_finite, (o - r).abs(), torch.zeros_like(o))
+    if ref_finite is None:
+        diff = (o - r).abs_()
+    else:
+        mismatch = ~ref_finite & ~((torch.isnan(o) & torch.isnan(r)) | (o == r))
+        if bool(mismatch.any()):
+            first = _index(int(torch.nonzero(mismatch.flatten())[0]), o.shape)
+            raise CorrectnessFailure(f"reference is non-finite at {first} but the output differs there (seed {seed})")
+        diff = torch.where(ref_finite, (o - r).abs(), torch.zeros_like(o))
     flat = int(torch.argmax(diff))
     max_abs = float(diff.flatten()[flat])
     worst = _index(flat, o.shape)
-    ref_norm = float(torch.linalg.vector_norm(torch.where(ref_finite, r, torch.zeros_like(r))))
+    ref_norm = oracle.ref_norm
     rel_fro = float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm > 0 else (0.0 if max_abs == 0 else math.inf)
 
     tol = resolve_tolerance(expected_dtype, overrides)
@@ -342,14 +364,15 @@ def judge_output(
         # Both paths round their outputs independently, so half an ulp of the output dtype at the largest
         # reference magnitude is added: without it, a seed on which the native path happens to round well
         # fails a correct bf16 kernel by a fraction of an ulp (seen on an H200 for the matmul-softmax-matmul path).
-        bound = tol.native_factor * native_err + FA_EPSILON + 0.5 * _ulp(expected_dtype, float(r.abs().max()))
+        bound = tol.native_factor * native_err + FA_EPSILON + 0.5 * _ulp(expected_dtype, oracle.ref_abs_max)
         if max_abs > bound:
             raise CorrectnessFailure(
                 f"native-precision bound failed (seed {seed}): {detail} > {tol.native_factor:g} x the native "
                 f"{expected_dtype} path's error {native_err:.3g} + {FA_EPSILON:g} + half an output ulp = {bound:.3g}"
             )
-    allowed = tol.atol + tol.rtol * r.abs()
-    over = (diff > allowed) & ref_finite
+    over = diff > r.abs().mul_(tol.rtol).add_(tol.atol)
+    if ref_finite is not None:
+        over &= ref_finite
     if bool(over.any()):
         count = int(over.sum())
         raise CorrectnessFailure(

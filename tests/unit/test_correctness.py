@@ -1,0 +1,51 @@
+"""The float64 judge of one output, on both of its paths: a finite reference (the common, fast path) and a
+reference with non-finite elements (a fully masked row gives NaN), where the output must match them exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pytest_perfguard.correctness import CorrectnessFailure, judge_output, oracle_of
+
+
+def rowsum(x: torch.Tensor) -> torch.Tensor:
+    """x / x.sum(-1): a row of zeros gives NaN in every path, like attention over a fully masked row."""
+    return x / x.sum(-1, keepdim=True)
+
+
+def judge(out: torch.Tensor, x: torch.Tensor) -> float:
+    inputs = ((x,), {})
+    oracle = oracle_of(inputs, rowsum, seed=1)
+    return judge_output(out, inputs, rowsum, (), seed=1, oracle=oracle).max_abs
+
+
+def test_a_finite_reference_judges_errors_and_unwritten_elements() -> None:
+    x = torch.rand(4, 8) + 0.5
+    good = rowsum(x)
+    assert judge(good, x) == pytest.approx(0.0, abs=1e-6)
+    wrong = good.clone()
+    wrong[2, 3] += 0.1
+    with pytest.raises(CorrectnessFailure, match=r"max abs error 0.1 at index \(2, 3\)"):
+        judge(wrong, x)
+    unwritten = good.clone()
+    unwritten[1, 5] = math.nan
+    with pytest.raises(CorrectnessFailure, match=r"1 of 32 output elements are NaN/Inf.*\(1, 5\)"):
+        judge(unwritten, x)
+
+
+def test_a_non_finite_reference_must_be_matched_exactly_and_the_rest_judged() -> None:
+    x = torch.rand(4, 8) + 0.5
+    x[0] = 0.0  # row 0 is NaN in the reference
+    good = rowsum(x)
+    assert judge(good, x) == pytest.approx(0.0, abs=1e-6)
+    filled = good.clone()
+    filled[0] = 0.0  # a kernel that writes zeros where the reference says NaN
+    with pytest.raises(CorrectnessFailure, match=r"reference is non-finite at \(0, 0\)"):
+        judge(filled, x)
+    wrong = good.clone()
+    wrong[3, 1] += 0.1
+    with pytest.raises(CorrectnessFailure, match=r"atol/rtol bound failed.*1 of 32 elements"):
+        judge(wrong, x)
