@@ -325,40 +325,23 @@ def judge_output(
     if out.device != device:
         raise CorrectnessFailure(f"output on {out.device}, inputs on {device} (seed {seed})")
 
-    o = out.detach().to(torch.float64)
-    r = ref
-    # This runs twice per timed case (integrity.timed_outputs), each pass over a float64 copy of the output:
-    # at B8 H16 S4096 the check was 9% of a 0.3 s case on an H100 (benchmarks/results/ab_2026-11-25). With
-    # a finite reference the non-finite masks are skipped, and the oracle's norm and maximum are kept.
-    ref_finite = None if oracle.finite else torch.isfinite(r)
-    unwritten = ~torch.isfinite(o)
-    bad = unwritten if ref_finite is None else unwritten & ref_finite
-    if bool(bad.any()):
-        count = int(bad.sum())
-        first = _index(int(torch.nonzero(bad.flatten())[0]), o.shape)
-        raise CorrectnessFailure(
-            f"{count} of {o.numel()} output elements are NaN/Inf where the reference is finite, first at index "
-            f"{first} (seed {seed}): unwritten output or overflow"
-        )
-    if ref_finite is None:
-        diff = (o - r).abs_()
-    else:
-        mismatch = ~ref_finite & ~((torch.isnan(o) & torch.isnan(r)) | (o == r))
-        if bool(mismatch.any()):
-            first = _index(int(torch.nonzero(mismatch.flatten())[0]), o.shape)
-            raise CorrectnessFailure(f"reference is non-finite at {first} but the output differs there (seed {seed})")
-        diff = torch.where(ref_finite, (o - r).abs(), torch.zeros_like(o))
-    flat = int(torch.argmax(diff))
-    max_abs = float(diff.flatten()[flat])
-    worst = _index(flat, o.shape)
-    ref_norm = oracle.ref_norm
-    rel_fro = float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm > 0 else (0.0 if max_abs == 0 else math.inf)
-
     tol = resolve_tolerance(expected_dtype, overrides)
+    e = _errors(out.detach(), ref, oracle.finite, tol)
+    if e.unwritten:
+        raise CorrectnessFailure(
+            f"{e.unwritten} of {ref.numel()} output elements are NaN/Inf where the reference is finite, first at "
+            f"index {_index(e.first_unwritten, ref.shape)} (seed {seed}): unwritten output or overflow"
+        )
+    if e.first_mismatch is not None:
+        first = _index(e.first_mismatch, ref.shape)
+        raise CorrectnessFailure(f"reference is non-finite at {first} but the output differs there (seed {seed})")
+    max_abs, worst = e.max_abs, _index(e.worst, ref.shape)
+    ref_norm = oracle.ref_norm
+    rel_fro = math.sqrt(e.sum_sq) / ref_norm if ref_norm > 0 else (0.0 if max_abs == 0 else math.inf)
     native_err = oracle.native_err
     detail = (
-        f"max abs error {max_abs:.3g} at index {worst} (output {float(o.flatten()[flat]):.6g}, reference "
-        f"{float(r.flatten()[flat]):.6g}), relative Frobenius error {rel_fro:.3g}"
+        f"max abs error {max_abs:.3g} at index {worst} (output {e.out_at_worst:.6g}, reference "
+        f"{e.ref_at_worst:.6g}), relative Frobenius error {rel_fro:.3g}"
     )
     if tol.native_factor is not None and native_err is not None:
         # Both paths round their outputs independently, so half an ulp of the output dtype at the largest
@@ -370,16 +353,70 @@ def judge_output(
                 f"native-precision bound failed (seed {seed}): {detail} > {tol.native_factor:g} x the native "
                 f"{expected_dtype} path's error {native_err:.3g} + {FA_EPSILON:g} + half an output ulp = {bound:.3g}"
             )
-    over = diff > r.abs().mul_(tol.rtol).add_(tol.atol)
-    if ref_finite is not None:
-        over &= ref_finite
-    if bool(over.any()):
-        count = int(over.sum())
+    if e.over:
         raise CorrectnessFailure(
-            f"atol/rtol bound failed (seed {seed}): {count} of {o.numel()} elements exceed atol={tol.atol:g} + "
+            f"atol/rtol bound failed (seed {seed}): {e.over} of {ref.numel()} elements exceed atol={tol.atol:g} + "
             f"rtol={tol.rtol:g} x |reference|; {detail}"
         )
     return SeedReport(seed, max_abs, rel_fro, worst, native_err)
+
+
+# Elements judged per step. The output is compared in float64 in slices of this many elements, so that no
+# temporary is larger than 32 MB: whole-output float64 temporaries (268 MB each at B8 H16 S4096) had to be
+# allocated afresh after a measurement, and made the timed-output check 26 ms where the arithmetic takes 3
+# (H100, benchmarks/results/ab_2026-11-25).
+JUDGE_CHUNK = 1 << 22
+
+
+@dataclass
+class _Errors:
+    unwritten: int = 0  # NaN/Inf output elements where the reference is finite
+    first_unwritten: int = 0  # flat index
+    first_mismatch: int | None = None  # a non-finite reference element that the output does not equal
+    max_abs: float = 0.0
+    worst: int = 0  # flat index of max_abs
+    out_at_worst: float = 0.0
+    ref_at_worst: float = 0.0
+    sum_sq: float = 0.0  # of the errors over finite reference elements
+    over: int = 0  # elements beyond atol + rtol * |reference|
+
+
+def _errors(out: torch.Tensor, ref: torch.Tensor, finite: bool, tol: Tolerance) -> _Errors:
+    """The output's errors against the float64 reference (same shape), slice by slice (JUDGE_CHUNK)."""
+    e = _Errors()
+    o_all, r_all = out.reshape(-1), ref.reshape(-1)
+    sums = torch.zeros(2, dtype=torch.float64, device=ref.device)  # squared errors, elements over: read once
+    best = (-1.0, 0)
+    for start in range(0, r_all.numel(), JUDGE_CHUNK):
+        o = o_all[start : start + JUDGE_CHUNK].to(torch.float64)
+        r = r_all[start : start + JUDGE_CHUNK]
+        ref_finite = None if finite else torch.isfinite(r)
+        bad = ~torch.isfinite(o) if ref_finite is None else ~torch.isfinite(o) & ref_finite
+        if bool(bad.any()):
+            if not e.unwritten:
+                e.first_unwritten = start + int(torch.nonzero(bad)[0])
+            e.unwritten += int(bad.sum())
+            continue
+        if ref_finite is None:
+            diff = (o - r).abs_()
+        else:
+            mismatch = ~ref_finite & ~((torch.isnan(o) & torch.isnan(r)) | (o == r))
+            if e.first_mismatch is None and bool(mismatch.any()):
+                e.first_mismatch = start + int(torch.nonzero(mismatch)[0])
+            diff = torch.where(ref_finite, (o - r).abs(), 0.0)
+        i = int(torch.argmax(diff))
+        if float(diff[i]) > best[0]:
+            best = (float(diff[i]), start + i)
+            e.out_at_worst, e.ref_at_worst = float(o[i]), float(r[i])
+        sums[0] += diff.square().sum()
+        over = diff > r.abs().mul_(tol.rtol).add_(tol.atol)
+        sums[1] += (over if ref_finite is None else over & ref_finite).sum()
+    if e.unwritten or e.first_mismatch is not None:
+        return e
+    e.max_abs, e.worst = max(best[0], 0.0), best[1]
+    sum_sq, over_count = sums.tolist()
+    e.sum_sq, e.over = sum_sq, int(over_count)
+    return e
 
 
 def check(

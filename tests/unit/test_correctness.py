@@ -49,3 +49,25 @@ def test_a_non_finite_reference_must_be_matched_exactly_and_the_rest_judged() ->
     wrong[3, 1] += 0.1
     with pytest.raises(CorrectnessFailure, match=r"atol/rtol bound failed.*1 of 32 elements"):
         judge(wrong, x)
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 7, 1])
+def test_slices_judge_as_the_whole(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    """The output is judged slice by slice; where a slice ends changes no figure and no message."""
+    monkeypatch.setattr("pytest_perfguard.correctness.JUDGE_CHUNK", chunk)
+    x = torch.rand(4, 8, dtype=torch.float64) + 0.5
+    good = rowsum(x)
+    out = good + 1e-12 * torch.arange(32, dtype=torch.float64).reshape(4, 8)
+    inputs = ((x,), {})
+    report = judge_output(out, inputs, rowsum, (), seed=1)
+    assert report.max_abs == pytest.approx(31e-12, rel=1e-3) and report.worst_index == (3, 7)
+    assert report.rel_fro == pytest.approx(float((out - good).norm() / good.norm()))
+    wrong = out.clone()
+    wrong[1, 2] += 0.5
+    wrong[3, 6] += 0.6
+    with pytest.raises(CorrectnessFailure, match=r"2 of 32 elements exceed.*max abs error 0.6 at index \(3, 6\)"):
+        judge_output(wrong, inputs, rowsum, (), seed=1)
+    unwritten = out.clone()
+    unwritten[2, 1] = unwritten[3, 0] = math.nan
+    with pytest.raises(CorrectnessFailure, match=r"2 of 32 output elements are NaN/Inf.*first at index \(2, 1\)"):
+        judge_output(unwritten, inputs, rowsum, (), seed=1)
