@@ -141,7 +141,12 @@ SPECS: tuple[Spec, ...] = (
         _fraction,
     ),
     Spec(
-        "ci_target", "float", 0.01, "stop measuring a case once the 95% CI half-width is under this fraction", _fraction
+        "ci_target",
+        "float",
+        0.01,
+        "stop measuring a case once the 95% CI half-width is under this fraction (against a base revision, "
+        "its head/base interval narrows on until the A/B gate's MDE is at most twice its margin)",
+        _fraction,
     ),
     Spec("case_budget", "float", 5.0, "seconds of measurement per case (per re-measurement)", _positive),
     Spec("total_budget", "float", 0.0, "seconds of measurement for the whole run; 0 = unlimited"),
