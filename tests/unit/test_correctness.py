@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pytest_perfguard.correctness import CorrectnessFailure, judge_output, oracle_of
+from pytest_perfguard.correctness import CorrectnessFailure, judge_output, modified_input, oracle_of
 
 
 def rowsum(x: torch.Tensor) -> torch.Tensor:
@@ -71,3 +71,14 @@ def test_slices_judge_as_the_whole(monkeypatch: pytest.MonkeyPatch, chunk: int) 
     unwritten[2, 1] = unwritten[3, 0] = math.nan
     with pytest.raises(CorrectnessFailure, match=r"2 of 32 output elements are NaN/Inf.*first at index \(2, 1\)"):
         judge_output(unwritten, inputs, rowsum, (), seed=1)
+
+
+def test_an_input_is_modified_only_if_its_values_changed() -> None:
+    x = torch.rand(3, 4)
+    nan = x.clone()
+    nan[1, 2] = math.nan  # a NaN input stays equal to its copy
+    assert modified_input([("x", x.clone()), ("m", nan.clone())], [("x", x), ("m", nan)]) is None
+    scaled = nan.clone()
+    scaled[0, 0] *= 2  # in-place scaling of one element
+    assert modified_input([("x", x.clone()), ("m", nan.clone())], [("x", x), ("m", scaled)]) == "m"
+    assert modified_input([("x", x.clone())], [("x", x[:2])]) == "x"
