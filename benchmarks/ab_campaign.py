@@ -466,6 +466,22 @@ def rejudge(r: dict[str, Any], margin: float) -> str | None:
     return str(ab_gate(ratios, Policy(), margin).status)
 
 
+def caught_at_promise(r: dict[str, Any], family_size: int) -> bool | None:
+    """Whether the live A/B gate (default margins, this run's family size, fresh-process confirmation on)
+    regresses on this A/A record's capture-group ratios shifted by the slowdown the gate promises to see
+    (AB_DETECT_FACTOR margins: +2% from 20 us, +3% below): real noise, a planted shift, one measurement
+    (the runner's re-measurement of an inconclusive case is not replayed, so this under-counts)."""
+    ratios = (r.get("ab") or {}).get("group_ratios")
+    if not ratios:
+        return None
+    from pytest_perfguard.settings import Settings
+    from pytest_perfguard.verdict import Policy, ab_gate
+
+    margin, detect = Settings().ab_margin_for(r["median_ns"]), Settings().ab_detect_for(r["median_ns"])
+    policy = Policy(family_size=family_size, confirm=True)
+    return str(ab_gate([x * (1 + detect) for x in ratios], policy, margin).status) == "regressed"
+
+
 def summarize(dirs: list[Path]) -> str:
     """Pooled tables over every results file in these folders (each folder one campaign, one GPU)."""
     from tabulate import tabulate
@@ -476,6 +492,7 @@ def summarize(dirs: list[Path]) -> str:
     lines: list[str] = []
     aa_docs = load("aa_*.json")
     aa = [r for _, d in aa_docs for r in timed(d)]
+    family = {id(r): int((d.get("summary") or {}).get("family_size") or 1) for _, d in aa_docs for r in timed(d)}
     sizes = dict(SIZES)
     rows = []
     for label, pick in [("all", lambda r: True), *sizes.items()]:
@@ -487,6 +504,7 @@ def summarize(dirs: list[Path]) -> str:
         for r in rs:
             counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
         again = [sum(rejudge(r, m) == "regressed" for r in rs) for m in MARGINS]
+        shifted = [c for r in rs if (c := caught_at_promise(r, family[id(r)])) is not None]
         rows.append(
             [
                 label,
@@ -497,12 +515,14 @@ def summarize(dirs: list[Path]) -> str:
                 f"{statistics.median(est) * 100:.2f}%" if est else "-",
                 " / ".join(str(a) for a in again),
                 sum((gate(r, "baseline") or {}).get("status") == "regressed" for r in rs),
+                f"{sum(shifted)} of {len(shifted)}",
             ]
         )
     devices = sorted({str((d.get("device") or {}).get("name", "?")) for _, d in aa_docs})
     lines.append(f"A/A: {len(aa_docs)} runs on {', '.join(devices) or '-'}")
     head = ["cases", "verdicts", "regressed", "all verdicts", "max |est|", "median |est|"]
     head += ["regressed at " + "/".join(f"{m:.1%}" for m in MARGINS), "baseline gate regressed"]
+    head += ["shifted +2%/+3%: caught"]
     lines.append(tabulate(rows, headers=head))
     signed = [(gate(r, "ab") or {}).get("estimate") for r in aa]
     logs = [math.log(e) for e in signed if e]
