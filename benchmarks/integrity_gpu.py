@@ -149,6 +149,15 @@ def _share(r: dict[str, Any]) -> float | None:
     return 100.0 * checks / timed
 
 
+def _case_share(r: dict[str, Any]) -> float | None:
+    """What the checks add to the whole case's time in its process (correctness, measurement, checks: the
+    record's case_s), in %: the issue's "more device time per case". Looser than _share, reported beside it."""
+    checks, case = r.get("checks_s"), r.get("case_s")
+    if checks is None or not case or case <= checks:
+        return None
+    return 100.0 * checks / (case - checks)
+
+
 def _costliest(r: dict[str, Any]) -> str:
     by_check: dict[str, float] = r.get("checks") or {}
     if not by_check:
@@ -165,7 +174,7 @@ def _table(seen: dict[str, list[dict[str, Any]]]) -> tuple[int, list[str]]:
     """Prints one row per variant; returns the number of problems and the over-budget cases."""
     print(
         f"{'variant':28} {'cases':>5} {'failed':>6} {'flagged':>7} {'checks %: median, max':>22} "
-        f"{'checks ms: median, max':>23}  {'costliest check at the max':28} first message"
+        f"{'checks ms: median, max':>23} {'% of case: max':>14}  {'costliest check at the max':28} first message"
     )
     problems, over = 0, []
     for key in sorted(seen):
@@ -180,8 +189,13 @@ def _table(seen: dict[str, list[dict[str, Any]]]) -> tuple[int, list[str]]:
         ms = sorted(1e3 * r["checks_s"] for _, r in timed)
         spent = f"{ms[len(ms) // 2]:.1f}, {ms[-1]:.1f}" if ms else "-"
         worst = _costliest(timed[-1][1]) if timed else ""
+        whole = [c for _, r in timed if (c := _case_share(r)) is not None]
+        of_case = f"{max(whole):.1f}%" if whole else "-"
         msg = (failed[0].get("reasons") or ["?"])[0][:100] if failed else ""
-        print(f"{key:28} {len(rs):5} {len(failed):6} {len(flagged):7} {share:>22} {spent:>23}  {worst:28} {msg}")
+        print(
+            f"{key:28} {len(rs):5} {len(failed):6} {len(flagged):7} {share:>22} {spent:>23} {of_case:>14}  "
+            f"{worst:28} {msg}"
+        )
         honest = _honest(key)
         if (honest and flagged) or (not honest and len(failed) < len(rs)):
             problems += 1

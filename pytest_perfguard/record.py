@@ -103,6 +103,10 @@ class CaseRecord:
     pct_peak_bandwidth: float | None = None
     checks_s: float | None = None  # wall time the integrity checks took, outside the timed window
     checks: dict[str, float] | None = None  # checks_s by check (integrity.py), in seconds
+    # Wall time of the whole case in this process: correctness gate, measurement, checks. Waits for the device
+    # lock and fresh-process confirmations are left out, so checks_s / (case_s - checks_s) is what the checks
+    # add to the case's device time.
+    case_s: float | None = None
     # judgement
     gates: list[dict[str, Any]] = field(default_factory=list)
     mde: float | None = None

@@ -179,6 +179,7 @@ class Runner:
         self._clock: Deadline = Deadline(0.0)
         self._stage = "setup"
         self._failure = ""  # the pytest failure message, when the record's outcome is FAILED
+        self._waited_s = 0.0  # time spent waiting for the device lock, left out of the case's time
 
     # ------------------------------------------------------------------------------------------ frame
 
@@ -191,10 +192,14 @@ class Runner:
         )
         with deadline(self.state.settings.case_timeout, self.item.nodeid, lambda m: self._expire(record, m)) as clock:
             self._clock = clock
+            t0 = time.monotonic()
             try:
                 self._steps(record, case, variant_name, factory, params)
             except Exception as exc:
                 self._crashed(record, exc)
+            if record.outcome is not Outcome.SKIPPED:
+                confirming = float((record.confirmation or {}).get("elapsed_s") or 0.0)
+                record.case_s = round(time.monotonic() - t0 - self._waited_s - confirming, 4)
         self._conclude(record)
 
     def _conclude(self, record: CaseRecord) -> None:
@@ -235,7 +240,17 @@ class Runner:
             record.sticky = True
 
     def _lock(self, *, exclusive: bool) -> AbstractContextManager[None]:
-        return device_lock(self.state.settings.device, exclusive=exclusive, while_waiting=self._clock.paused)
+        return device_lock(self.state.settings.device, exclusive=exclusive, while_waiting=self._waiting)
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """Around a wait for the device lock: the watchdog's clock pauses, and the wait is not the case's time."""
+        t0 = time.monotonic()
+        try:
+            with self._clock.paused():
+                yield
+        finally:
+            self._waited_s += time.monotonic() - t0
 
     # ------------------------------------------------------------------------------------------ steps
 

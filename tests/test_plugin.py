@@ -269,6 +269,8 @@ def test_perfguard_without_baseline_reports_and_writes_json_and_summary(
     assert fast["median_ns"] == pytest.approx(1000, rel=0.05)
     assert fast["stop_reason"] == "target" and fast["blocks"] >= 12
     assert fast["tflops"] == pytest.approx(4 * 64 * 16 / 1000e-9 / 1e12, rel=0.05)
+    # The whole case (correctness, measurement, checks) in wall time; elapsed_s runs on the injected clock.
+    assert fast["case_s"] > fast["checks_s"] > 0
     other = next(r for r in doc["results"] if r["id"].endswith("[other-8]"))
     assert other["ratio"] == pytest.approx(2.0, rel=0.05)
     md = summary.read_text()
@@ -371,6 +373,8 @@ def test_a_regression_seen_in_one_process_only_is_inconclusive_not_a_failure(
     fast = [r for r in doc["results"] if r["variant"] == "fast"]
     assert [r["verdict"] for r in fast] == ["inconclusive", "inconclusive"]
     assert all(r["confirmation"]["verdict"] == "pass" for r in fast)
+    # The fresh process's time is its own, not the case's: case_s is this process's share alone.
+    assert all(r["case_s"] < r["confirmation"]["elapsed_s"] for r in fast)
     # With confirmation off, the same process-bound slowdown fails the build.
     result = run(project, mode, "--perfguard", "--perfguard-no-confirm", env={"PLANT_ONCE": "1.3"})
     result.assert_outcomes(passed=2, failed=2)
@@ -403,6 +407,8 @@ def test_an_update_run_that_moved_in_its_own_process_only_is_held_back(
     fast = [r for r in doc["results"] if r["variant"] == "fast"]
     assert all("not folded into the baseline" in r["baseline_hold"] for r in fast)
     assert all(r["confirmation"]["verdict"] == "pass" for r in fast)
+    # The fresh process's time is its own, not the case's: case_s is this process's share alone.
+    assert all(r["case_s"] < r["confirmation"]["elapsed_s"] for r in fast)
 
     result = run(project, mode, "--perfguard-update-baseline", env={"PLANT_SLOWDOWN": "2.0"})
     result.assert_outcomes(passed=4)
