@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._output import DEFAULT_DIR  # noqa: E402
+from pytest_perfguard.settings import AB_SMALL_NS, Settings  # noqa: E402
 
 IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "out", ".whl", ".gl", "*.egg-info", ".mypy_cache")
 
@@ -463,12 +464,14 @@ def main() -> int:
 
 MARGINS = (0.010, 0.015, 0.020)
 # The A/B gate's two margins split cases at 20 us (settings.AB_SMALL_NS); every table splits them there too.
-SIZES = (("<20us", lambda r: r["median_ns"] < 20_000), (">=20us", lambda r: r["median_ns"] >= 20_000))
+SIZES = (("<20us", lambda r: r["median_ns"] < AB_SMALL_NS), (">=20us", lambda r: r["median_ns"] >= AB_SMALL_NS))
 
 
 def rejudge(r: dict[str, Any], margin: float) -> str | None:
     """The A/B verdict of a record at another margin, from its recorded capture-group ratios (the final
-    measurement's; a re-measurement the runner made at the real margin is not replayed)."""
+    measurement's; a re-measurement the runner made at the real margin is not replayed). The decision
+    interval is a single case's, narrower than the live run's family-wide one, so this over-counts
+    regressions: a conservative reading of false alarms."""
     ratios = (r.get("ab") or {}).get("group_ratios")
     if not ratios:
         return None
@@ -485,10 +488,10 @@ def caught_at_promise(r: dict[str, Any], family_size: int) -> bool | None:
     ratios = (r.get("ab") or {}).get("group_ratios")
     if not ratios:
         return None
-    from pytest_perfguard.settings import Settings
     from pytest_perfguard.verdict import Policy, ab_gate
 
-    margin, detect = Settings().ab_margin_for(r["median_ns"]), Settings().ab_detect_for(r["median_ns"])
+    defaults = Settings()
+    margin, detect = defaults.ab_margin_for(r["median_ns"]), defaults.ab_detect_for(r["median_ns"])
     policy = Policy(family_size=family_size, confirm=True)
     return str(ab_gate([x * (1 + detect) for x in ratios], policy, margin).status) == "regressed"
 

@@ -31,6 +31,7 @@ __all__ = [
     "VARIANTS",
     "CompileReport",
     "KernelResources",
+    "build_key",
     "cuda_scalar",
     "cuda_splitkv",
     "cuda_tiled",
@@ -107,7 +108,7 @@ def _cuda_cflags(archs: list[str]) -> list[str]:
     return flags
 
 
-def _source_hash(cflags: list[str], torch_version: str) -> str:
+def build_key(cflags: list[str], torch_version: str) -> str:
     """The build's key: sources, flags, torch version, and the folder the sources are in.
 
     The folder is in the key because an A/B run loads this module twice, from the head's tree and from the
@@ -154,7 +155,7 @@ def load(verbose: bool = False) -> ModuleType:
 
     The build folder is ``$TORCH_EXTENSIONS_DIR/<name>`` when that variable is set, else
     ``~/.cache/pytest-perfguard/kernels-<hash>``, the hash covering sources, flags, torch version and the
-    sources' folder (`_source_hash`).
+    sources' folder (`build_key`).
     """
     global _module, _build_error
     with _lock:
@@ -167,7 +168,7 @@ def load(verbose: bool = False) -> ModuleType:
         from torch.utils.cpp_extension import load as cpp_load
 
         cflags = _cuda_cflags(_build_archs())
-        digest = _source_hash(cflags, torch.__version__)
+        digest = build_key(cflags, torch.__version__)
         name = f"perfguard_attn_{digest[:10]}"
         kwargs: dict[str, Any] = {}
         if not os.environ.get("TORCH_EXTENSIONS_DIR"):

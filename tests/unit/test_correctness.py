@@ -36,7 +36,11 @@ def test_a_finite_reference_judges_errors_and_unwritten_elements() -> None:
         judge(unwritten, x)
 
 
-def test_a_non_finite_reference_must_be_matched_exactly_and_the_rest_judged() -> None:
+@pytest.mark.parametrize("chunk", [1 << 22, 3])
+def test_a_non_finite_reference_must_be_matched_exactly_and_the_rest_judged(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    monkeypatch.setattr("pytest_perfguard.correctness.JUDGE_CHUNK", chunk)
     x = torch.rand(4, 8) + 0.5
     x[0] = 0.0  # row 0 is NaN in the reference
     good = rowsum(x)

@@ -185,7 +185,12 @@ def test_an_ab_measurement_runs_until_the_gate_can_keep_its_detection_promise() 
             ab_progress=lambda ratios, _ns: ab_progress(ratios, policy, 0.01, 0.02),
         )
     )
-    mde = lambda m: ab_gate(m.ab_ratios(), policy, 0.01).mde  # noqa: E731
+
+    def mde(m: Measurement) -> float:
+        gate_mde = ab_gate(m.ab_ratios(), policy, 0.01).mde
+        assert gate_mde is not None
+        return gate_mde
+
     assert plain.stop_reason == "target" and mde(plain) > 0.02
     assert ab.stop_reason == "target" and ab.blocks > plain.blocks and mde(ab) <= 0.02
 
