@@ -557,7 +557,9 @@ class Runner:
             policy = self.state.policy()
 
             def progress(ratios: Sequence[float], time_ns: float) -> float:
-                return ab_progress(ratios, policy, s.ab_margin_for(time_ns), s.ab_detect_for(time_ns))
+                return ab_progress(
+                    ratios, policy, s.ab_margin_for(time_ns), s.ab_detect_for(time_ns), s.ab_process_sd_for(time_ns)
+                )
 
             # The A/B gate decides: measure until its MDE reaches its promise; the ratio to `against` is
             # reported, and need not narrow unless a max_ratio gate judges it.
@@ -621,7 +623,7 @@ class Runner:
             policy = self.state.policy()
             ratios = m.ab_ratios()
             gate = (
-                ab_gate(ratios, policy, s.ab_margin_for(m.time.estimate))
+                ab_gate(ratios, policy, s.ab_margin_for(m.time.estimate), s.ab_process_sd_for(m.time.estimate))
                 if twin.ok
                 else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
             )

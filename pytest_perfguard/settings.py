@@ -35,6 +35,12 @@ AB_SMALL_NS = 20_000.0
 # MDE), or its budget ends: +2% from 20 us up, +3% below, at the default margins. Stopping on the 1% CI
 # target alone left 24 of 98 cases above that, MDEs up to 4.3% (benchmarks/results/ab_2026-11-25).
 AB_DETECT_FACTOR = 2.0
+# The offset each process adds to a head/base ratio, beyond what its interval samples (sd of the log ratio,
+# fitted on H100 A/A runs so that the estimates' scatter matches their intervals; ab_2026-11-25): the MDE
+# counts it, the decision leaves it to the margin. Without it, +2% shifted onto real A/A noise was caught in
+# 92% of single measurements where the MDE promised 95%.
+AB_PROCESS_SD = 0.0010
+AB_SMALL_PROCESS_SD = 0.0032
 
 
 def _fraction(value: float) -> None:
@@ -218,6 +224,11 @@ class Settings:
     def ab_detect_for(self, time_ns: float) -> float:
         """The slowdown an A/B pass must rule out for a case of this time (AB_DETECT_FACTOR margins)."""
         return AB_DETECT_FACTOR * self.ab_margin_for(time_ns)
+
+    @staticmethod
+    def ab_process_sd_for(time_ns: float) -> float:
+        """The per-process offset of a head/base ratio for a case of this time (AB_PROCESS_SD)."""
+        return AB_PROCESS_SD if time_ns >= AB_SMALL_NS else AB_SMALL_PROCESS_SD
 
     def child_env(self) -> dict[str, str]:
         """The environment that gives a fresh process these settings (paths absolute)."""

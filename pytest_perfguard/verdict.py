@@ -152,12 +152,20 @@ def decision_interval(log_now: Interval, stored_center: float, stored_ci: tuple[
 
 
 def minimum_detectable_effect(
-    dec: Interval | None, tau: float, noise: float, runs: int, *, confirm: bool = False, power: float = MDE_POWER
+    dec: Interval | None,
+    tau: float,
+    noise: float,
+    runs: int,
+    *,
+    confirm: bool = False,
+    power: float = MDE_POWER,
+    process_sd: float = 0.0,
 ) -> float | None:
     """The smallest true slowdown (a fraction) that a gate fails on with probability `power`; see the
     module docstring. dec: the decision interval (log scale); noise: the between-run sd of ln(time) that the
-    gate's margin is set from; runs: the update runs in the stored centre. None without a decision interval
-    (no baseline) or with an unbounded one (too few blocks for the confidence): nothing to size.
+    gate's margin is set from; runs: the update runs in the stored centre; process_sd: an offset of its own
+    that each process adds and its interval does not sample (the A/B gate's, settings.AB_PROCESS_SD). None
+    without a decision interval (no baseline) or with an unbounded one (too few blocks for the confidence).
     """
     if not 0.0 < power < 1.0:
         raise ValueError(f"power must be between 0 and 1, got {power}")
@@ -165,12 +173,14 @@ def minimum_detectable_effect(
         return None
     h = dec.estimate - dec.lo
     s = h / normal_quantile(0.5 + dec.confidence / 2)
-    b = noise * math.sqrt(1.0 + 1.0 / min(max(runs, 1), CENTER_WINDOW))
+    b = math.hypot(noise * math.sqrt(1.0 + 1.0 / min(max(runs, 1), CENTER_WINDOW)), process_sd)
     p = math.sqrt(power) if confirm else power
     return math.expm1(tau + h + normal_quantile(p) * math.hypot(s, b))
 
 
-def ab_progress(group_ratios: Sequence[float], policy: Policy, margin: float, detect: float) -> float:
+def ab_progress(
+    group_ratios: Sequence[float], policy: Policy, margin: float, detect: float, process_sd: float = 0.0
+) -> float:
     """How far an A/B measurement is from the gate's detection promise: (MDE - margin) / (detect - margin),
     where the MDE is the one ab_gate reports for these ratios. At most 1: a slowdown of `detect` fails the
     case with probability MDE_POWER, so a pass rules it out. inf while the interval is unbounded."""
@@ -179,7 +189,7 @@ def ab_progress(group_ratios: Sequence[float], policy: Policy, margin: float, de
     if len(group_ratios) < 2:
         return math.inf
     dec = log_interval(group_ratios, policy.decision_confidence)
-    mde = minimum_detectable_effect(dec, math.log1p(margin), 0.0, 1, confirm=policy.confirm)
+    mde = minimum_detectable_effect(dec, math.log1p(margin), 0.0, 1, confirm=policy.confirm, process_sd=process_sd)
     return math.inf if mde is None else (mde - margin) / (detect - margin)
 
 
@@ -318,15 +328,17 @@ def _max_ratio_gate(log_r: Interval, log_r_dec: Interval, max_ratio: float) -> G
     return Gate("max_ratio", status, r.estimate, r.lo, r.hi, max_ratio, reason)
 
 
-def ab_gate(group_ratios: Sequence[float], policy: Policy, margin: float) -> Gate:
+def ab_gate(group_ratios: Sequence[float], policy: Policy, margin: float, process_sd: float = 0.0) -> Gate:
     """Head against its base revision, measured in the same blocks: the per-capture-group ratios decide.
     No stored figure enters, so no between-run noise either: the margin only has to cover what differs
-    between two loaded copies of the same code (placement), which the groups sample."""
+    between two loaded copies of the same code (placement). The groups sample placement within the
+    process; `process_sd` is the offset each process adds on top, which they cannot sample: the margin
+    absorbs it in the decision, and the MDE counts it, so that the detection it promises holds."""
     tau = math.log1p(margin)
     shown = log_interval(group_ratios)
     dec = log_interval(group_ratios, policy.decision_confidence)
     gate = _judge("ab", dec, shown, tau, "time vs base revision", than="the base revision", hint="")
-    gate.mde = minimum_detectable_effect(dec, tau, 0.0, 1, confirm=policy.confirm)
+    gate.mde = minimum_detectable_effect(dec, tau, 0.0, 1, confirm=policy.confirm, process_sd=process_sd)
     return gate
 
 

@@ -11,6 +11,7 @@ import pytest
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry
 from pytest_perfguard.device import SESSION_PIDS_ENV, Disturbances, incomparable, manual_seed
+from pytest_perfguard.settings import AB_PROCESS_SD, AB_SMALL_NS, AB_SMALL_PROCESS_SD, Settings
 from pytest_perfguard.stats import Interval
 
 
@@ -221,6 +222,24 @@ def test_mde_grows_with_noise_and_half_width_and_shrinks_with_runs_up_to_the_win
     assert by_noise[0] > 0.05 and by_width[0] > 0.05  # never below the margin
     one, eight, many = (vd.minimum_detectable_effect(_dec(0.01), TAU, 0.01, k) or 0.0 for k in (1, 8, 50))
     assert one > eight == many
+
+
+def test_mde_counts_a_per_process_offset_beside_the_stored_noise() -> None:
+    # The A/B gate's process offset (no stored noise): s = 0.010204, sqrt(s^2 + 0.01^2) = 0.014287;
+    # x = ln(1.05) + 0.02 + 1.644854 * 0.014287 = 0.092290.
+    assert vd.minimum_detectable_effect(_dec(0.02), TAU, 0.0, 1, process_sd=0.01) == pytest.approx(
+        math.expm1(TAU + 0.02 + 1.644854 * math.hypot(0.02 / 1.959964, 0.01)), rel=1e-5
+    )
+    # Both terms add in quadrature: 3 runs of noise 0.01 (b = 0.011547) and an offset of 0.01.
+    both = vd.minimum_detectable_effect(_dec(0.02), TAU, 0.01, 3, process_sd=0.01)
+    b = math.hypot(0.01 * math.sqrt(4 / 3), 0.01)
+    assert both == pytest.approx(math.expm1(TAU + 0.02 + 1.644854 * math.hypot(0.02 / 1.959964, b)), rel=1e-5)
+
+
+def test_ab_process_offset_is_wider_under_twenty_microseconds() -> None:
+    s = Settings()
+    assert s.ab_process_sd_for(AB_SMALL_NS - 1) == AB_SMALL_PROCESS_SD > s.ab_process_sd_for(AB_SMALL_NS)
+    assert s.ab_process_sd_for(AB_SMALL_NS) == AB_PROCESS_SD > 0
 
 
 def test_confirmation_in_a_fresh_process_raises_the_mde() -> None:

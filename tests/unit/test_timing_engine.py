@@ -203,6 +203,9 @@ def test_ab_progress_is_the_gates_mde_against_its_promise() -> None:
         mde = ab_gate(ratios, policy, 0.015).mde
         assert mde is not None
         assert ab_progress(ratios, policy, 0.015, 0.03) == pytest.approx((mde - 0.015) / 0.015)
+        offset = ab_gate(ratios, policy, 0.015, 0.003).mde
+        assert offset is not None and offset > mde
+        assert ab_progress(ratios, policy, 0.015, 0.03, 0.003) == pytest.approx((offset - 0.015) / 0.015)
     assert ab_progress([1.0], policy, 0.01, 0.02) == math.inf
     assert ab_progress([1.0, 1.01, 0.99, 1.0], policy, 0.01, 0.02) == math.inf  # too few groups at 99.9%
     with pytest.raises(ValueError, match="must exceed the margin"):
