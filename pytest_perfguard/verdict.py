@@ -21,8 +21,9 @@ s = h / z (z the decision interval's normal quantile) and the between-run sd of 
 of k update runs is b = noise * sqrt(1 + 1/k), k capped at the centre's window of 8. A true log slowdown x
 is flagged when its estimate exceeds tau + h, so P(flag) = Phi((x - tau - h) / sqrt(s^2 + b^2)); with the
 fresh-process confirmation a case must be flagged twice, P(flag)^2, so the power is solved at sqrt(0.95).
-MDE = expm1(tau + h + Phi^-1(power) * sqrt(s^2 + b^2)). It is a model (Gaussian drift, independent
-processes), not a measurement: it tells a case that cannot see a 5% slowdown from one that can. A case's
+MDE = expm1(tau + h + Phi^-1(power) * sqrt(s^2 + b^2)). The A/B gate has no stored centre; its b is the
+offset each process adds to a head/base ratio (settings.AB_PROCESS_SD). It is a model (Gaussian drift,
+independent processes), not a measurement: it tells a case that cannot see a 5% slowdown from one that can. A case's
 MDE is its best gate's (case_mde): either gate fails the case.
 """
 
