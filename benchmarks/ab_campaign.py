@@ -496,6 +496,49 @@ def caught_at_promise(r: dict[str, Any], family_size: int) -> bool | None:
     return str(ab_gate([x * (1 + detect) for x in ratios], policy, margin).status) == "regressed"
 
 
+def process_offset(records: list[dict[str, Any]], robust: bool = False) -> float | None:
+    """The sd of the offset each process adds to an A/A head/base log-ratio beyond its recorded 95% interval:
+    the b for which the estimates, scaled by sqrt(s^2 + b^2) (s from the interval), have unit spread (the
+    root mean square of those z-scores is 1; with `robust`, their median absolute value is that of a standard
+    normal, 0.6745, which one kernel with a large offset of its own moves less). 0 when the intervals already
+    cover the scatter; None without records. settings.AB_PROCESS_SD and AB_SMALL_PROCESS_SD are this fit."""
+    rows = []
+    for r in records:
+        ab = gate(r, "ab") or {}
+        if not ab.get("estimate") or not ab.get("ci"):
+            continue
+        lo, hi = ab["ci"]
+        rows.append((math.log(ab["estimate"]), max(math.log(hi / lo) / (2 * 1.959964), 1e-9)))
+    if not rows:
+        return None
+
+    def spread(b: float) -> float:
+        z = [abs(e) / math.hypot(s, b) for e, s in rows]
+        return statistics.median(z) / 0.6745 if robust else math.sqrt(statistics.fmean(x * x for x in z))
+
+    lo_b, hi_b = 0.0, 0.1
+    if spread(lo_b) <= 1.0:
+        return 0.0
+    for _ in range(60):  # spread falls as b grows: bisect for spread(b) = 1
+        mid = (lo_b + hi_b) / 2
+        lo_b, hi_b = (mid, hi_b) if spread(mid) > 1.0 else (lo_b, mid)
+    return lo_b
+
+
+def offset_line(aa: list[dict[str, Any]]) -> str:
+    """The per-process offset fitted per size class, beside the settings' values."""
+    defaults = Settings()
+    parts = []
+    for label, small in (("under 20 us", True), ("from 20 us", False)):
+        rs = [r for r in aa if (r["median_ns"] < AB_SMALL_NS) == small]
+        rms, med = process_offset(rs), process_offset(rs, robust=True)
+        if rms is None or med is None:
+            continue
+        setting = defaults.ab_process_sd_for(AB_SMALL_NS - 1 if small else AB_SMALL_NS)
+        parts.append(f"{label} {rms:.2%} (robust {med:.2%}; setting {setting:.2%}; {len(rs)} cases)")
+    return "per-process offset of the head/base ratio, fitted: " + ("; ".join(parts) or "-")
+
+
 def summarize(dirs: list[Path]) -> str:
     """Pooled tables over every results file in these folders (each folder one campaign, one GPU)."""
     from tabulate import tabulate
@@ -546,6 +589,7 @@ def summarize(dirs: list[Path]) -> str:
             f"position bias: mean head/base log-estimate {statistics.mean(logs) * 100:+.3f}% "
             f"(sd {sd * 100:.2f}%, standard error {sd / math.sqrt(len(logs)) * 100:.3f}%, {len(logs)} cases)"
         )
+        lines.append(offset_line(aa))
     for f, doc in load("planted_*.json") + load("mixed_*.json") + load("config.json"):
         if f.name.endswith(".plan.json"):
             continue

@@ -36,9 +36,10 @@ AB_SMALL_NS = 20_000.0
 # target alone left 24 of 98 cases above that, MDEs up to 4.3% (benchmarks/results/ab_2026-11-25).
 AB_DETECT_FACTOR = 2.0
 # The offset each process adds to a head/base ratio, beyond what its interval samples (sd of the log ratio,
-# fitted on H100 A/A runs so that the estimates' scatter matches their intervals; ab_2026-11-25): the MDE
-# counts it, the decision leaves it to the margin. Without it, +2% shifted onto real A/A noise was caught in
-# 92% of single measurements where the MDE promised 95%.
+# fitted on H100 A/A runs so that the estimates' scatter matches their intervals, cuda_scalar left out;
+# ab_2026-11-25): the MDE counts it, the decision leaves it to the margin. Without it, +2% shifted onto real
+# A/A noise was caught in 92% of single measurements where the MDE promised 95%. Another GPU may differ:
+# `benchmarks/ab_campaign.py --summarize` fits them from A/A runs, and the settings below override them.
 AB_PROCESS_SD = 0.0010
 AB_SMALL_PROCESS_SD = 0.0032
 
@@ -46,6 +47,11 @@ AB_SMALL_PROCESS_SD = 0.0032
 def _fraction(value: float) -> None:
     if not 0 < value < 1:
         raise ValueError("expected a fraction between 0 and 1 (0.02 means 2%)")
+
+
+def _spread(value: float) -> None:
+    if not 0 <= value < 0.1:
+        raise ValueError("expected a standard deviation of the log ratio from 0 to 0.1 (0.001 means 0.1%)")
 
 
 def _positive(value: float) -> None:
@@ -138,6 +144,21 @@ SPECS: tuple[Spec, ...] = (
         "margin of the A/B gate for cases under 20 us, whose A/A spread is wider (never below ab_margin)",
         _fraction,
     ),
+    Spec(
+        "ab_process_sd",
+        "float",
+        AB_PROCESS_SD,
+        "sd of the offset each process adds to a head/base ratio, which the A/B gate's MDE and stop rule count "
+        "(fitted on H100s; fit yours from A/A runs with benchmarks/ab_campaign.py --summarize)",
+        _spread,
+    ),
+    Spec(
+        "ab_small_process_sd",
+        "float",
+        AB_SMALL_PROCESS_SD,
+        "the same for cases under 20 us",
+        _spread,
+    ),
     Spec("baseline_dir", "path", ".ci/baselines", "folder of the per-device baseline JSON files"),
     Spec(
         "margin",
@@ -197,6 +218,8 @@ class Settings:
     against: str | None = None
     ab_margin: float = DEFAULT_AB_MARGIN
     ab_small_margin: float = DEFAULT_AB_SMALL_MARGIN
+    ab_process_sd: float = AB_PROCESS_SD
+    ab_small_process_sd: float = AB_SMALL_PROCESS_SD
     baseline_dir: Path = Path(".ci/baselines")
     margin: float = DEFAULT_MARGIN
     ci_target: float = 0.01
@@ -225,10 +248,10 @@ class Settings:
         """The slowdown an A/B pass must rule out for a case of this time (AB_DETECT_FACTOR margins)."""
         return AB_DETECT_FACTOR * self.ab_margin_for(time_ns)
 
-    @staticmethod
-    def ab_process_sd_for(time_ns: float) -> float:
-        """The per-process offset of a head/base ratio for a case of this time (AB_PROCESS_SD)."""
-        return AB_PROCESS_SD if time_ns >= AB_SMALL_NS else AB_SMALL_PROCESS_SD
+    def ab_process_sd_for(self, time_ns: float) -> float:
+        """The per-process offset of a head/base ratio for a case of this time (the small-case one under
+        AB_SMALL_NS)."""
+        return self.ab_process_sd if time_ns >= AB_SMALL_NS else self.ab_small_process_sd
 
     def child_env(self) -> dict[str, str]:
         """The environment that gives a fresh process these settings (paths absolute)."""

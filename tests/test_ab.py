@@ -198,6 +198,20 @@ def test_a_speedup_is_faster_only_when_a_fresh_process_sees_it_too(
 
 
 @pytest.mark.slow
+def test_the_per_process_offset_setting_widens_the_mde_not_the_decision(repo: pytest.Pytester) -> None:
+    """The fake kernels' time is 1% noise; an offset of 5% per process (an ini value) cannot be measured
+    away, so the A/B MDE says the case cannot see +10%, while its verdict still comes from the interval."""
+    repo.makeini("[pytest]\nperfguard_ab_process_sd = 0.05\nperfguard_ab_small_process_sd = 0.05\n")
+    args = ("--perfguard-against", "HEAD", "-k", "same-8", "--perfguard-json", "r.json")
+    run(repo, MODES["no-xdist"], *args, "--perfguard-case-budget", "2").assert_outcomes(passed=1)
+    ab = next(g for g in records(repo)["test_k[same-8]"]["gates"] if g["gate"] == "ab")
+    assert ab["status"] == "pass" and ab["mde"] > 0.10
+    run(repo, MODES["no-xdist"], *args, "--perfguard-ab-small-process-sd", "0", "--perfguard-ab-process-sd", "0")
+    ab = next(g for g in records(repo)["test_k[same-8]"]["gates"] if g["gate"] == "ab")
+    assert ab["status"] == "pass" and ab["mde"] <= 0.02 + 1e-9  # the command line wins over the ini
+
+
+@pytest.mark.slow
 def test_strict_fails_on_a_case_without_base(repo: pytest.Pytester) -> None:
     result = run(repo, MODES["no-xdist"], "--perfguard-against", "HEAD~1", "--perfguard-strict", "-k", "newv")
     result.assert_outcomes(failed=1)

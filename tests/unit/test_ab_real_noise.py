@@ -6,30 +6,13 @@ of the cases, in one measurement."""
 
 from __future__ import annotations
 
-import json
-import tarfile
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_perfguard.settings import AB_SMALL_NS, Settings
 from pytest_perfguard.verdict import Policy, ab_gate
-
-RAW = Path(__file__).resolve().parents[2] / "benchmarks/results/ab_2026-11-25/raw_h100_mde.tar.xz"
-RUNS = ("host7/aa_0.json", "host9/aa_0.json")
-
-
-@cache
-def records() -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    with tarfile.open(RAW) as archive:
-        for name in RUNS:
-            member = archive.extractfile(name)
-            assert member is not None, name
-            out += json.load(member)["results"]
-    return out
+from tests.unit.recorded_aa import records
 
 
 def judge(r: dict[str, Any], shift: float = 0.0) -> tuple[str, float | None]:

@@ -11,7 +11,6 @@ import pytest
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry
 from pytest_perfguard.device import SESSION_PIDS_ENV, Disturbances, incomparable, manual_seed
-from pytest_perfguard.settings import AB_PROCESS_SD, AB_SMALL_NS, AB_SMALL_PROCESS_SD, Settings
 from pytest_perfguard.stats import Interval
 
 
@@ -234,12 +233,6 @@ def test_mde_counts_a_per_process_offset_beside_the_stored_noise() -> None:
     both = vd.minimum_detectable_effect(_dec(0.02), TAU, 0.01, 3, process_sd=0.01)
     b = math.hypot(0.01 * math.sqrt(4 / 3), 0.01)
     assert both == pytest.approx(math.expm1(TAU + 0.02 + 1.644854 * math.hypot(0.02 / 1.959964, b)), rel=1e-5)
-
-
-def test_ab_process_offset_is_wider_under_twenty_microseconds() -> None:
-    s = Settings()
-    assert s.ab_process_sd_for(AB_SMALL_NS - 1) == AB_SMALL_PROCESS_SD > s.ab_process_sd_for(AB_SMALL_NS)
-    assert s.ab_process_sd_for(AB_SMALL_NS) == AB_PROCESS_SD > 0
 
 
 def test_confirmation_in_a_fresh_process_raises_the_mde() -> None:

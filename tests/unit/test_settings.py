@@ -51,6 +51,8 @@ def test_child_env_round_trips_every_project_setting(tmp_path: Path) -> None:
         ("case_budget", "0", "positive"),
         ("device", "gpu", "cuda:N"),
         ("strict", "maybe", "true/false"),
+        ("ab_process_sd", "-0.001", "finite number >= 0"),
+        ("ab_small_process_sd", "0.5", "standard deviation"),
     ],
 )
 def test_bad_values_say_what_is_expected(name: str, raw: str, problem: str) -> None:
@@ -64,3 +66,11 @@ def test_the_ab_margin_widens_for_small_cases_and_never_narrows() -> None:
     assert s.ab_margin_for(AB_SMALL_NS - 1) == s.ab_small_margin == 0.015
     wide = Settings(ab_margin=0.03, ab_small_margin=0.015)
     assert wide.ab_margin_for(5_000.0) == 0.03  # a user's wider margin holds for small cases too
+
+
+def test_the_per_process_offset_is_a_setting_with_a_small_case_value() -> None:
+    s = Settings()
+    assert s.ab_process_sd_for(AB_SMALL_NS) == s.ab_process_sd == 0.001
+    assert s.ab_process_sd_for(AB_SMALL_NS - 1) == s.ab_small_process_sd == 0.0032
+    off = Settings(ab_process_sd=0.0, ab_small_process_sd=0.0)
+    assert off.ab_process_sd_for(5_000.0) == off.ab_process_sd_for(50_000.0) == 0.0
