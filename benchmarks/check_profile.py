@@ -20,7 +20,6 @@ import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _output import DEFAULT_DIR  # noqa: E402
+from _plugin import plugin_args  # noqa: E402
 
 from pytest_perfguard import correctness, integrity  # noqa: E402
 
@@ -135,12 +135,6 @@ class Profiler:
         return (yield)
 
 
-def _plugin() -> list[str]:
-    """Loads the plugin from the checkout where it is not installed (its entry point is missing)."""
-    installed = any(e.value.startswith("pytest_perfguard") for e in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "pytest_perfguard.plugin"]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", default=None, help="pytest -k expression (default: the B8 H16 S4096 cases on CUDA)")
@@ -161,8 +155,8 @@ def main() -> int:
         steps.rows.clear()
         plugin = Profiler(steps, args.out, args.profile and i == 0)
         budget = ["--perfguard-case-budget", str(args.case_budget)] if args.case_budget else []
-        argv = ["tests/perf", "-q", "-p", "no:cacheprovider", *_plugin(), "--perfguard", "-k", expr, *budget, *extra]
-        argv += ["--perfguard-json", str(args.out / f"run{i}.json")]
+        argv = ["tests/perf", "-q", "-p", "no:cacheprovider", *plugin_args(), "--perfguard", "-k", expr, *budget]
+        argv += [*extra, "--perfguard-json", str(args.out / f"run{i}.json")]
         codes.append(int(pytest.main(argv, plugins=[plugin])))
         print(f"\n## run {i}: {mode} (pytest exit {codes[-1]})\n")
         print("| case | step | ms | cudaMalloc | cudaFree |\n|---|---|---:|---:|---:|")

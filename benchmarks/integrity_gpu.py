@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _output import DEFAULT_DIR  # noqa: E402
+from _plugin import plugin_args  # noqa: E402
 
 CHEAT_CASES = """
 import pytest
@@ -109,16 +110,8 @@ def test_patched(perfguard_device):
 """
 
 
-def _plugin_args() -> list[str]:
-    """Load the plugin by module name where it is not installed (a checkout on PYTHONPATH)."""
-    from importlib.metadata import entry_points
-
-    installed = any(ep.name == "perfguard" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "pytest_perfguard.plugin"]
-
-
 def _pytest(args: list[str], cwd: Path, log: Path, timeout: float) -> int:
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", *_plugin_args(), *args]
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", *plugin_args(), *args]
     t0 = time.monotonic()
     with log.open("w") as fh:
         try:

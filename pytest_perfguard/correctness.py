@@ -367,8 +367,8 @@ def judge_output(
 
 # Elements judged per step. The output is compared in float64 in slices of this many elements, so that no
 # temporary is larger than 32 MB: the whole-output way made five float64 temporaries of 268 MB each at
-# B8 H16 S4096, over a gigabyte beside the oracles on a 24 GB L4. (It was also suspected of the timed-output
-# check's 19-28 ms there on H100s; slicing did not change that: benchmarks/results/ab_2026-11-25.)
+# B8 H16 S4096, over a gigabyte beside the oracles on a 24 GB L4. (The timed-output check's 19-28 ms there on
+# H100s was not this: it is one driver allocation after the measurement, benchmarks/results/integrity_2026-11-23.)
 JUDGE_CHUNK = 1 << 22
 
 
