@@ -1,7 +1,7 @@
 """Planted regressions through the whole plugin: a baseline copy that makes every case read x slower.
 
   python benchmarks/plant_baseline.py write BASELINE.json OUTDIR X
-      writes OUTDIR/<same name> with every stored time divided by 1 + X, and every stored SDPA ratio too,
+      writes OUTDIR/<same name> with every stored process sample's time divided by 1 + X, and its SDPA ratio too,
       except for a variant timed against itself (sdpa against sdpa), whose own slowdown would move both
       sides of its ratio. A guard run against OUTDIR (--perfguard-baseline-dir OUTDIR) then sees each
       kernel X slower than stored, and judges it as it would a real regression: both gates, re-measurement,
@@ -26,7 +26,7 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_perfguard.baseline import BaselineFile, read_baseline, write_baseline
+from pytest_perfguard.baseline import BaselineEntry, BaselineFile, read_baseline, write_baseline
 
 
 def write(src: Path, out_dir: Path, x: float, self_variant: str = "sdpa") -> Path:
@@ -35,12 +35,24 @@ def write(src: Path, out_dir: Path, x: float, self_variant: str = "sdpa") -> Pat
     for case_id, e in bf.cases.items():
         # Items are named <test>[<variant>-<shape>]; the self-timed variant keeps its ratio.
         moves_ratio = e.ratio is not None and f"[{self_variant}-" not in case_id
-        bf.cases[case_id] = replace(
-            e,
-            median_ns=e.median_ns * scale,
-            ci_ns=(e.ci_ns[0] * scale, e.ci_ns[1] * scale),
-            ratio=e.ratio * scale if moves_ratio and e.ratio is not None else e.ratio,
-            ratio_ci=(e.ratio_ci[0] * scale, e.ratio_ci[1] * scale) if moves_ratio and e.ratio_ci else e.ratio_ci,
+        samples = [
+            replace(
+                x,
+                median_ns=x.median_ns * scale,
+                ci_ns=(x.ci_ns[0] * scale, x.ci_ns[1] * scale),
+                ratio=x.ratio * scale if moves_ratio and x.ratio is not None else x.ratio,
+            )
+            for x in e.samples
+        ]
+        bf.cases[case_id] = BaselineEntry.from_samples(
+            case_id,
+            samples,
+            workload=e.workload,
+            workload_desc=e.workload_desc,
+            env=e.env,
+            updated=e.updated,
+            noise=e.noise,
+            unstable=e.unstable,
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     planted = BaselineFile(path=out_dir / src.name, exists=False, device=bf.device, cases=bf.cases)

@@ -155,6 +155,9 @@ def backend_unavailable_reason(
 
 def _default_time_ms(fn: Callable[[], object], device: torch.device, reps: int = 15, calls: int = 10) -> float:
     """Median per-call milliseconds over ``reps`` blocks of ``calls`` back-to-back calls (queue kept full)."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):  # the events record on the current device's stream
+            return _default_time_ms(fn, device, reps, calls)
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

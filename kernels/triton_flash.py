@@ -545,6 +545,11 @@ def triton_flash(
     ``config`` = (BLOCK_M, BLOCK_N, num_warps, num_stages) skips autotuning; ``tma`` then loads through tensor
     descriptors (Hopper or newer, contiguous 16-byte-aligned inputs) and ``lazy`` turns on lazy rescaling.
     """
+    if q.is_cuda and q.device.index is not None and q.device.index != torch.cuda.current_device():
+        # Triton launches on the current device, not the tensors': a launch from cuda:0 with inputs on
+        # cuda:1 fails ("cannot be accessed from Triton"). Make q's device current for the call.
+        with torch.cuda.device(q.device):
+            return triton_flash(q, k, v, causal, config, tma, lazy)
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"triton_flash is unavailable: {reason}")

@@ -5,18 +5,32 @@ indent and no timestamps in keys, always atomically, and read strictly: a file t
 hand-edited into invalid numbers or written by a newer version is refused with a message that names the file,
 the problem and the fix, and is never rewritten behind the user's back. Nothing in a file is executed.
 
-Format (``schema_version`` 1)::
+Format (``schema_version`` 2)::
 
-    {"schema_version": 1,
+    {"schema_version": 2,
      "device": {"slug": "nvidia-h100-80gb-hbm3", "name": "NVIDIA H100 80GB HBM3", ...},
      "cases": {"<test node id>": {"workload": "<sha256 hex>", "workload_desc": "...", "env": {...},
-                                 "median_ns": 9123.4, "ci_ns": [9100.0, 9150.0],
-                                 "ratio": 1.02, "ratio_ci": [1.01, 1.03],
-                                 "noise": 0.004, "runs": 1, "blocks": 24, "updated": "2026-11-21"}}}
+                                 "samples": [{"median_ns": 9123.4, "ci_ns": [9100.0, 9150.0], "ratio": 1.02,
+                                              "against_ns": 8944.5, "device": "GPU-...", "date": "2026-11-25",
+                                              "blocks": 24}, ...],
+                                 "unstable": false,
+                                 "median_ns": 9120.1, "ci_ns": [9101.0, 9139.3], "ratio": 1.02,
+                                 "ratio_ci": [1.01, 1.03], "noise": 0.004, "runs": 3, "blocks": 24,
+                                 "updated": "2026-11-25"}}}
 
-``noise`` is the between-run relative noise (standard deviation of ln(time) between update runs) and ``runs``
-how many update runs were folded into it. Entries migrated from a legacy file carry ``workload == ""`` (unknown,
-so it never matches a current workload), ``env == {}`` and ``blocks == 0`` (unknown); ``updated`` may be ``""``.
+An entry is a small sample: ``samples`` holds the medians of its last k (at most policy.MAX_SAMPLES)
+independent processes, each with its time, ratio, the reference's time, device UUID and date. The other
+numbers are derived from them (kept in the file so that a diff in a pull request reads as numbers) and must
+agree with them: the centre is the geometric mean of the process medians, ``ci_ns`` the centre's 95%
+interval, ``noise`` the between-process standard deviation of ln(time) and ``runs`` k. With k = 1 (a
+migrated entry) ``noise`` is the stored value, not derived. ``unstable`` marks an entry whose update
+processes disagreed beyond the case's own spread even after a re-measurement: the guard calls that case
+"inconclusive: unstable baseline", never pass or fail. Entries migrated from a legacy file carry
+``workload == ""`` (unknown, so it never matches a current workload), ``env == {}`` and ``blocks == 0``
+(unknown); ``updated`` and a sample's ``date`` may be ``""``.
+
+Schema 1 held one number per case (``median_ns``, ``ci_ns``, ``ratio``, ``ratio_ci``, ``noise``, ``runs``,
+``blocks``, ``updated``): it migrates to one sample, its ``noise`` kept.
 
 Legacy format (``schema_version`` 0), the hand-kept file that came before this plugin::
 
@@ -37,7 +51,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -58,15 +72,22 @@ from .jsonio import (
     string,
     write_text_atomic,
 )
+from .policy import MAX_SAMPLES, sample_threshold
+from .policy import NOISE_K as NOISE_K  # re-exported
+from .policy import case_threshold as case_threshold  # re-exported: callers of the one-process rule
+from .stats import t_quantile
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_FOLDER = Path(".ci/baselines")
 UNKNOWN_WORKLOAD = ""
 
+_SAMPLE_FIELDS = ("median_ns", "ci_ns", "ratio", "against_ns", "device", "date", "blocks")
 _ENTRY_FIELDS = (
     "workload",
     "workload_desc",
     "env",
+    "samples",
+    "unstable",
     "median_ns",
     "ci_ns",
     "ratio",
@@ -76,6 +97,7 @@ _ENTRY_FIELDS = (
     "blocks",
     "updated",
 )
+_DERIVED_FIELDS = ("median_ns", "ci_ns", "ratio", "ratio_ci", "noise", "runs")
 _TOP_FIELDS = ("schema_version", "device", "cases")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -87,8 +109,65 @@ class BaselineError(JSONFileError):
 
 
 @dataclass(frozen=True)
+class ProcessSample:
+    """One independent process's measurement of a case: its block median, the reference's, and where."""
+
+    median_ns: float
+    ci_ns: tuple[float, float]
+    ratio: float | None = None
+    against_ns: float | None = None
+    device: str = ""  # the GPU's UUID (or the host's CPU model); "" unknown
+    date: str = ""
+    blocks: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "median_ns": self.median_ns,
+            "ci_ns": [self.ci_ns[0], self.ci_ns[1]],
+            "ratio": self.ratio,
+            "against_ns": self.against_ns,
+            "device": self.device,
+            "date": self.date,
+            "blocks": self.blocks,
+        }
+
+    @classmethod
+    def parse(cls, obj: Any, where: str) -> ProcessSample:
+        if not isinstance(obj, dict):
+            raise Invalid(f"{where} must be a JSON object, got {type(obj).__name__}")
+        check_keys(obj, _SAMPLE_FIELDS, _SAMPLE_FIELDS)
+        median = number(obj["median_ns"], f"{where}.median_ns", positive=True)
+        ratio = None if obj["ratio"] is None else number(obj["ratio"], f"{where}.ratio", positive=True)
+        against = None if obj["against_ns"] is None else number(obj["against_ns"], f"{where}.against_ns", positive=True)
+        return cls(
+            median_ns=median,
+            ci_ns=interval(obj["ci_ns"], f"{where}.ci_ns", median, f"{where}.median_ns"),
+            ratio=ratio,
+            against_ns=against,
+            device=string(obj["device"], f"{where}.device"),
+            date=iso_date(obj["date"], f"{where}.date"),
+            blocks=integer(obj["blocks"], f"{where}.blocks", 0),
+        )
+
+
+def _log_mean_sd(values: list[float]) -> tuple[float, float]:
+    logs = [math.log(v) for v in values]
+    mean = math.fsum(logs) / len(logs)
+    if len(logs) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+
+
+def _centre_ci(mean: float, sd: float, k: int) -> tuple[float, float]:
+    """The 95% interval of the geometric mean of k process medians."""
+    half = t_quantile(0.975, k - 1) * sd / math.sqrt(k)
+    return (math.exp(mean - half), math.exp(mean + half))
+
+
+@dataclass(frozen=True)
 class BaselineEntry:
-    """The stored timing of one perf case on one device model."""
+    """The stored timing of one perf case on one device model: a sample of process medians and the
+    centre, interval and spread derived from it (see the module docstring)."""
 
     case_id: str
     workload: str
@@ -102,6 +181,84 @@ class BaselineEntry:
     runs: int
     blocks: int
     updated: str
+    samples: tuple[ProcessSample, ...] = ()
+    unstable: bool = False
+
+    def __post_init__(self) -> None:
+        # A one-process entry's fields are its sample (so that dataclasses.replace keeps them one); an entry
+        # of several processes is made from their samples (from_samples).
+        if self.runs == 1:
+            last = self.samples[-1] if self.samples else ProcessSample(self.median_ns, self.ci_ns)
+            against = self.median_ns / self.ratio if self.ratio else None
+            one = ProcessSample(
+                self.median_ns, self.ci_ns, self.ratio, against, last.device, last.date or self.updated, self.blocks
+            )
+            object.__setattr__(self, "samples", (one,))
+        elif len(self.samples) != self.runs:
+            raise ValueError(f"{self.case_id}: an entry of {self.runs} processes needs their {self.runs} samples")
+
+    @classmethod
+    def from_samples(
+        cls,
+        case_id: str,
+        samples: Sequence[ProcessSample],
+        *,
+        workload: str,
+        workload_desc: str,
+        env: dict[str, str],
+        updated: str,
+        noise: float = 0.0,
+        unstable: bool = False,
+        ratio_ci: tuple[float, float] | None = None,
+    ) -> BaselineEntry:
+        """An entry whose numbers are derived from its samples (the last MAX_SAMPLES); ``noise`` is used
+        only for one sample, which has no spread of its own."""
+        kept = tuple(samples)[-MAX_SAMPLES:]
+        if not kept:
+            raise ValueError(f"{case_id}: a baseline entry needs at least one process sample")
+        k = len(kept)
+        mean, sd = _log_mean_sd([x.median_ns for x in kept])
+        ratios = [x.ratio for x in kept]
+        ratio: float | None = None
+        if k == 1:  # one process: its own in-run intervals (a process sample keeps no ratio interval)
+            ci = kept[0].ci_ns
+            ratio = kept[0].ratio
+            ratio_ci = ratio_ci if ratio is not None else None
+        else:
+            ci = _centre_ci(mean, sd, k)
+            noise = sd
+            ratio_ci = None
+            if all(r is not None for r in ratios):
+                r_mean, r_sd = _log_mean_sd([r for r in ratios if r is not None])
+                ratio, ratio_ci = math.exp(r_mean), _centre_ci(r_mean, r_sd, k)
+        centre = kept[0].median_ns if k == 1 else math.exp(mean)
+        ci = (min(ci[0], centre), max(ci[1], centre))
+        if ratio is not None and ratio_ci is not None:
+            ratio_ci = (min(ratio_ci[0], ratio), max(ratio_ci[1], ratio))
+        return cls(
+            case_id=case_id,
+            workload=workload,
+            workload_desc=workload_desc,
+            env=dict(env),
+            median_ns=centre,
+            ci_ns=ci,
+            ratio=ratio,
+            ratio_ci=ratio_ci,
+            noise=noise,
+            runs=k,
+            blocks=kept[-1].blocks,
+            updated=updated,
+            samples=kept,
+            unstable=unstable,
+        )
+
+    @property
+    def ratio_noise(self) -> float:
+        """The between-process sd of ln(ratio); the time's noise where there is no spread of ratios."""
+        ratios = [x.ratio for x in self.samples if x.ratio is not None]
+        if len(ratios) < 2 or len(ratios) != len(self.samples):
+            return self.noise
+        return _log_mean_sd(ratios)[1]
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored under the case id (the id itself is the key, not a field)."""
@@ -109,6 +266,8 @@ class BaselineEntry:
             "workload": self.workload,
             "workload_desc": self.workload_desc,
             "env": dict(self.env),
+            "samples": [x.to_json() for x in self.samples],
+            "unstable": self.unstable,
             "median_ns": self.median_ns,
             "ci_ns": [self.ci_ns[0], self.ci_ns[1]],
             "ratio": self.ratio,
@@ -143,30 +302,64 @@ class BaselineEntry:
         if not isinstance(env_raw, dict):
             raise Invalid(f"field 'env' must be an object of strings, got {json.dumps(env_raw)[:60]}")
         env = {str(k): string(v, f"env.{k}") for k, v in env_raw.items()}
+        # The derived fields are checked as numbers first, so a bad one is named as such, then against the
+        # samples they are derived from.
         median = number(obj["median_ns"], "median_ns", positive=True)
-        ci = interval(obj["ci_ns"], "ci_ns", median, "median_ns")
-        ratio: float | None = None
-        ratio_ci: tuple[float, float] | None = None
+        interval(obj["ci_ns"], "ci_ns", median, "median_ns")
         if obj["ratio"] is not None:
             ratio = number(obj["ratio"], "ratio", positive=True)
             if obj["ratio_ci"] is not None:
-                ratio_ci = interval(obj["ratio_ci"], "ratio_ci", ratio, "ratio")
+                interval(obj["ratio_ci"], "ratio_ci", ratio, "ratio")
         elif obj["ratio_ci"] is not None:
             raise Invalid("field 'ratio_ci' must be null when 'ratio' is null")
-        return cls(
-            case_id=case_id,
+        number(obj["noise"], "noise", nonneg=True)
+        integer(obj["runs"], "runs", 1)
+        integer(obj["blocks"], "blocks", 0)
+        raw_samples = obj["samples"]
+        if not isinstance(raw_samples, list) or not raw_samples:
+            raise Invalid("field 'samples' must be a non-empty list of process samples")
+        if len(raw_samples) > MAX_SAMPLES:
+            raise Invalid(f"field 'samples' holds {len(raw_samples)} processes, more than {MAX_SAMPLES}")
+        samples = [ProcessSample.parse(x, f"samples[{i}]") for i, x in enumerate(raw_samples)]
+        if not isinstance(obj["unstable"], bool):
+            raise Invalid(f"field 'unstable' must be true or false, got {json.dumps(obj['unstable'])[:40]}")
+        entry = cls.from_samples(
+            case_id,
+            samples,
             workload=workload,
             workload_desc=string(obj["workload_desc"], "workload_desc"),
             env=env,
-            median_ns=median,
-            ci_ns=ci,
-            ratio=ratio,
-            ratio_ci=ratio_ci,
-            noise=number(obj["noise"], "noise", nonneg=True),
-            runs=integer(obj["runs"], "runs", 1),
-            blocks=integer(obj["blocks"], "blocks", 0),
             updated=iso_date(obj["updated"], "updated"),
+            noise=number(obj["noise"], "noise", nonneg=True),
+            unstable=obj["unstable"],
         )
+        if len(samples) == 1:  # one process: its intervals are the stored ones, checked around its numbers
+            ci = interval(obj["ci_ns"], "ci_ns", entry.median_ns, "median_ns")
+            ratio_ci = None
+            if obj["ratio_ci"] is not None:
+                if entry.ratio is None:
+                    raise Invalid("field 'ratio_ci' must be null when 'ratio' is null")
+                ratio_ci = interval(obj["ratio_ci"], "ratio_ci", entry.ratio, "ratio")
+            entry = replace(entry, ci_ns=ci, ratio_ci=ratio_ci)
+        entry = replace(entry, blocks=integer(obj["blocks"], "blocks", 0))
+        derived = entry.to_json()
+        for name in _DERIVED_FIELDS:
+            if not _same(obj[name], derived[name]):
+                raise Invalid(
+                    f"field {name!r} is {json.dumps(obj[name])[:60]} but its samples give "
+                    f"{json.dumps(derived[name])[:60]}: the derived fields are written by pytest-perfguard, "
+                    "edit the samples (or re-record) instead"
+                )
+        return entry
+
+
+def _same(stored: Any, derived: Any) -> bool:
+    """A derived number as stored equals the one recomputed (to rounding in the last digits)."""
+    if isinstance(derived, list) and isinstance(stored, list) and len(stored) == len(derived):
+        return all(_same(a, b) for a, b in zip(stored, derived, strict=True))
+    if isinstance(derived, float) and isinstance(stored, int | float) and not isinstance(stored, bool):
+        return math.isclose(float(stored), derived, rel_tol=1e-9, abs_tol=1e-12)
+    return bool(stored == derived)
 
 
 @dataclass
@@ -271,7 +464,40 @@ def _migrate_case_0(case_id: str, legacy: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _migrate_0_to_1}
+def _migrate_1_to_2(old: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 (one number per case) -> schema 2: the number becomes the entry's one process sample, and
+    its stored noise is kept (a one-sample entry has no spread of its own)."""
+    cases_raw = old.get("cases")
+    if not isinstance(cases_raw, dict):
+        raise Invalid("'cases' must be a JSON object")
+    cases: dict[str, Any] = {}
+    for case_id, entry in cases_raw.items():
+        if not isinstance(entry, dict):
+            raise Invalid(f"case {case_id!r}: the entry must be a JSON object")
+        try:
+            check_keys(entry, _V1_FIELDS, _V1_FIELDS)
+            median = number(entry["median_ns"], "median_ns", positive=True)
+        except Invalid as exc:
+            raise Invalid(f"case {case_id!r}: {exc}") from None
+        ratio = entry["ratio"]
+        sample = {
+            "median_ns": median,
+            "ci_ns": entry["ci_ns"],
+            "ratio": ratio,
+            "against_ns": median / ratio if isinstance(ratio, int | float) and ratio > 0 else None,
+            "device": "",
+            "date": entry["updated"],
+            "blocks": entry["blocks"],
+        }
+        migrated = {k: v for k, v in entry.items()}
+        migrated.update(samples=[sample], unstable=False, runs=1)
+        cases[case_id] = migrated
+    return {**old, "schema_version": 2, "cases": cases}
+
+
+_V1_FIELDS = tuple(f for f in _ENTRY_FIELDS if f not in ("samples", "unstable"))  # schema 1: one number
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 """MIGRATIONS[v] turns a schema-v object into a schema-(v+1) object; applied in memory, in order."""
 
 
@@ -365,71 +591,17 @@ class UpdateSummary:
     migrated_from: int | None = None
 
 
-CENTER_WINDOW = 8  # the first runs are averaged equally; past this many, each new run weighs 1/CENTER_WINDOW
-NOISE_K = 4.0  # a case's threshold is at least this many times its between-run noise (case_threshold)
-
-
-def _center_weight(runs: int) -> float:
-    """Weight of a new run in the stored centre after ``runs`` runs were folded in."""
-    return 1.0 / (min(runs, CENTER_WINDOW - 1) + 1)
-
-
-def fold_noise(old: BaselineEntry, new_median_ns: float, noise_floor: float) -> float:
-    """Between-run noise after one more run of the same workload and environment.
-
-    Pooled standard deviation of ln(time) between runs: the old estimate weighs ``old.runs``, and the new
-    run adds one squared difference from the stored centre, ln(new/centre)**2, scaled down by the variance
-    of that difference, s**2 * (1 + w) for a centre that is the mean of 1/w runs (w = 1 after one run:
-    the difference of two runs has variance 2*s**2).
-    """
-    step = math.log(new_median_ns / old.median_ns)
-    pooled = math.sqrt((old.noise**2 * old.runs + step**2 / (1.0 + _center_weight(old.runs - 1))) / (old.runs + 1))
-    return max(noise_floor, pooled)
-
-
-def _geo(old: float, new: float, w: float) -> float:
-    return math.exp((1.0 - w) * math.log(old) + w * math.log(new))
-
-
-def _scaled(ci: tuple[float, float] | None, factor: float) -> tuple[float, float] | None:
-    return None if ci is None else (ci[0] * factor, ci[1] * factor)
-
-
-def fold_run(old: BaselineEntry, new: BaselineEntry, noise_floor: float) -> BaselineEntry:
-    """One more run of an unchanged case: the stored time and SDPA ratio become the geometric mean of the
-    runs since the case last changed (equal weights up to CENTER_WINDOW runs, then an exponential mean in
-    which each new run weighs 1/CENTER_WINDOW), not the last run's, so one slow or fast
-    process does not become the reference every later run is judged against. The stored intervals keep
-    the last run's relative width around the new centre."""
-    w = _center_weight(old.runs)
-    center = _geo(old.median_ns, new.median_ns, w)
-    ratio, ratio_ci = new.ratio, new.ratio_ci
-    if old.ratio is not None and new.ratio is not None:
-        ratio = _geo(old.ratio, new.ratio, w)
-        ratio_ci = _scaled(new.ratio_ci, ratio / new.ratio)
-    return replace(
-        new,
-        median_ns=center,
-        ci_ns=(new.ci_ns[0] * center / new.median_ns, new.ci_ns[1] * center / new.median_ns),
-        ratio=ratio,
-        ratio_ci=ratio_ci,
-        noise=fold_noise(old, new.median_ns, noise_floor),
-        runs=old.runs + 1,
-    )
-
-
-def case_threshold(margin: float, noise: float, noise_floor: float, noise_k: float = NOISE_K) -> float:
-    """A case's threshold (a fraction): the margin, or ``noise_k`` times its between-run noise (never below
-    the floor), whichever is larger. The verdict's gates (verdict.Policy.delta) and the update's "same
-    kernel?" test (change_limit) both use it."""
-    return max(margin, noise_k * max(noise, noise_floor))
+def entry_threshold(entry: BaselineEntry, margin: float, noise_floor: float, noise_k: float = NOISE_K) -> float:
+    """The guard's threshold (a fraction) for a case against this entry: the prediction bound of its
+    sample (policy.sample_threshold), never below the margin."""
+    return sample_threshold(margin, entry.noise, entry.runs, noise_floor, noise_k)
 
 
 def change_limit(old: BaselineEntry, change_threshold: float, noise_floor: float, noise_k: float) -> float:
-    """How far (a fraction) a run may move from the stored time and still be the same kernel: the guard's
-    own threshold for the case (``case_threshold``). A move the guard would not call a regression is noise,
-    and is folded in."""
-    return case_threshold(change_threshold, old.noise, noise_floor, noise_k)
+    """How far (a fraction) an update may move from the stored centre and still be the same kernel: the
+    guard's own threshold for the case. A move the guard would not call a regression is noise, and joins
+    the sample."""
+    return entry_threshold(old, change_threshold, noise_floor, noise_k)
 
 
 def merge_entry(
@@ -437,25 +609,40 @@ def merge_entry(
     new: BaselineEntry,
     noise_floor: float,
     change_threshold: float | None = None,
-    noise_k: float = 0.0,
+    noise_k: float = NOISE_K,
 ) -> tuple[BaselineEntry, str]:
-    """The entry to store and what happened to it: 'added', 'updated' (run folded in) or 'reset'.
+    """The entry to store and what happened to it: 'added', 'updated' (new processes join the sample) or
+    'reset'.
 
-    With ``change_threshold`` (a fraction, the guard's margin), a run that moved the median by more than
-    ``change_limit`` is a changed kernel, not another sample of the same one: folding it would inflate the
-    stored noise and with it the margin, silently blinding the guard for that case after every intended
-    speed-up. (The plugin first checks such a run in a fresh process and holds it back when the move
-    belongs to the process, so a run that reaches this point moved in two processes.)
+    With ``change_threshold`` (a fraction, the guard's margin), an update whose centre moved by more than
+    ``change_limit`` is a changed kernel, not more samples of the same one: joining them would inflate the
+    spread and with it the threshold, silently blinding the guard for that case after every intended
+    speed-up. A reset entry starts from the update's own processes.
     """
     if old is None:
-        return replace(new, noise=max(noise_floor, new.noise), runs=1), "added"
+        return _floored(new, noise_floor), "added"
     same = old.workload == new.workload and old.workload != UNKNOWN_WORKLOAD and old.env == new.env
     moved = change_threshold is not None and abs(math.log(new.median_ns / old.median_ns)) > math.log1p(
         change_limit(old, change_threshold, noise_floor, noise_k)
     )
-    if same and not moved:
-        return fold_run(old, new, noise_floor), "updated"
-    return replace(new, noise=max(noise_floor, new.noise), runs=1), "reset"
+    if same and not moved and not old.unstable:
+        joined = BaselineEntry.from_samples(
+            new.case_id,
+            [*old.samples, *new.samples],
+            workload=new.workload,
+            workload_desc=new.workload_desc,
+            env=new.env,
+            updated=new.updated,
+            noise=max(old.noise, new.noise),
+            unstable=new.unstable,
+        )
+        return _floored(joined, noise_floor), "updated"
+    return _floored(new, noise_floor), "reset"
+
+
+def _floored(entry: BaselineEntry, noise_floor: float) -> BaselineEntry:
+    """A one-process entry's noise is never below the floor (it has no spread of its own to show)."""
+    return entry if entry.runs > 1 else replace(entry, noise=max(noise_floor, entry.noise))
 
 
 def update_baseline(
@@ -466,7 +653,7 @@ def update_baseline(
     noise_floor: float,
     lock_timeout: float = LOCK_TIMEOUT_S,
     change_threshold: float | None = None,
-    noise_k: float = 0.0,
+    noise_k: float = NOISE_K,
 ) -> UpdateSummary:
     """Store ``entries`` in the baseline at ``path``, keeping every other case, under an inter-process lock.
 

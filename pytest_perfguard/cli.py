@@ -17,6 +17,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from . import __version__
 from .baseline import (
     DEFAULT_FOLDER,
     SCHEMA_VERSION,
@@ -27,10 +28,13 @@ from .baseline import (
     read_baseline,
 )
 from .jsonio import JSONFileError, load_json_text
-from .record import CaseRecord
+from .merge import MERGED_KIND, read_runs
+from .policy import NOISE_FLOOR, case_threshold
+from .record import CaseRecord, Status, id_order
 from .report import delta_text, format_ratio, format_time
 from .results_io import RESULTS_KIND, ResultsFile, parse_results, read_results
 from .settings import DEFAULT_MARGIN
+from .verdict import Policy, Verdict, recorded_gate
 
 
 def device_line(device: dict[str, Any]) -> str:
@@ -128,18 +132,26 @@ def change_ci(a: CaseRecord, b: CaseRecord) -> tuple[float, tuple[float, float] 
     return change, (change * math.exp(-half), change * math.exp(half))
 
 
-def classify(ci: tuple[float, float] | None, margin: float) -> str:
-    """slower / faster when the whole CI is past the margin; same when it lies inside it; else unclear."""
-    if ci is None:
-        return "unclear (no CI)"
-    lo, hi = ci
-    if lo > 1.0 + margin:
-        return "slower"
-    if hi < 1.0 / (1.0 + margin):
-        return "faster"
-    if lo >= 1.0 / (1.0 + margin) and hi <= 1.0 + margin:
-        return "same"
-    return "unclear"
+def compare_threshold(margin: float, a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The margin two single runs are judged at: the plugin's rule for a one-process baseline entry, the
+    margin or NOISE_K times the device's between-process noise floor, whichever is larger."""
+    floor = max(NOISE_FLOOR.get(str(d.get("kind")), max(NOISE_FLOOR.values())) for d in (a, b))
+    return case_threshold(margin, floor, floor)
+
+
+def judge(a: CaseRecord, b: CaseRecord, threshold: float, family_size: int = 1) -> Verdict:
+    """B against A with the plugin's gates and words: the time gate, and the ratio gate when both runs timed
+    `against` (it cancels what moved the whole machine between the runs). Any gate regressed or inconclusive
+    outranks a faster one (verdict.Verdict.status), so a slowdown is never called faster."""
+    assert a.median_ns is not None and b.median_ns is not None
+    policy = Policy(margin=threshold, family_size=family_size)
+    tau = math.log1p(threshold)
+    gates = [recorded_gate("baseline", (b.median_ns, b.ci_ns), (a.median_ns, a.ci_ns), tau, policy, "B/A time", "A")]
+    if a.ratio is not None and b.ratio is not None:
+        gates.append(
+            recorded_gate("ratio", (b.ratio, b.ratio_ci), (a.ratio, a.ratio_ci), tau, policy, "B/A ratio", "A")
+        )
+    return Verdict(gates=gates)
 
 
 def device_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -167,12 +179,16 @@ def _mde_text(a: CaseRecord, b: CaseRecord) -> str:
     return "-" if mde is None else f"{mde * 100:+.1f}%"
 
 
-def _compare_rows(a: ResultsFile, b: ResultsFile, margin: float) -> tuple[list[list[str]], int, list[str], list[str]]:
+def _compare_rows(
+    a: ResultsFile, b: ResultsFile, threshold: float
+) -> tuple[list[list[str]], int, list[str], list[str]]:
     a_by, b_by = a.by_id(), b.by_id()
     rows: list[list[str]] = []
     slower = 0
     ab = any(r.gate("ab") is not None for r in b.results)
-    for case_id in sorted(set(a_by) & set(b_by)):
+    common = sorted(set(a_by) & set(b_by), key=id_order)
+    timed = sum(1 for case_id in common if a_by[case_id].timed and b_by[case_id].timed)
+    for case_id in common:
         ra, rb = a_by[case_id], b_by[case_id]
         result = change_ci(ra, rb)
         if result is None:
@@ -181,11 +197,11 @@ def _compare_rows(a: ResultsFile, b: ResultsFile, margin: float) -> tuple[list[l
         else:
             change, ci = result
             change_text = format_ratio(change, ci)
-            flag = classify(ci, margin)
+            flag = str(judge(ra, rb, threshold, family_size=timed).status)
         env_a, env_b = ra.env, rb.env
         if isinstance(env_a, dict) and isinstance(env_b, dict) and env_a != env_b:
             flag += " (env differs)"
-        slower += flag.startswith("slower")
+        slower += flag.startswith(str(Status.REGRESSED))
         rows.append(
             [
                 case_id,
@@ -208,24 +224,30 @@ def firmer_answer(rows: list[list[str]], margin: float, a_sha: Any) -> list[str]
     by: dict[str, list[str]] = {}
     for row in rows:
         by.setdefault(row[-1].split(" (")[0], []).append(row[0])  # "same (env differs)" counts as same
+    regressed, faster = by.get(str(Status.REGRESSED), []), by.get(str(Status.FASTER), [])
     out: list[str] = ["is it real?"]
-    if "slower" in by or "faster" in by:
+    if regressed or faster:
         out.append(
-            f"  slower, faster: the whole 95% CI of B/A lies past the {margin:g} margin; real unless the runs "
-            "differ in environment (a warning above says so)"
+            f"  regressed, faster: the 95% CI of B/A (time, or its ratio to `against`) lies past the {margin:.1%} "
+            "margin. Two runs in two processes: a machine that moved between them can fake either; a paired "
+            "run against A's revision cannot be fooled so"
         )
-    if "same" in by:
-        out.append(f"  same: the whole CI lies inside the {margin:g} margin; a change below the MDE can hide in it")
-    unclear = by.get("unclear", [])
+    if str(Status.PASS) in by:
+        out.append(f"  pass: the CI lies under the {margin:.1%} margin; a change below the MDE can hide in it")
+    unclear = by.get(str(Status.INCONCLUSIVE), [])
     if unclear:
-        out.append(f"  unclear: the CI straddles the margin. To firm up these {len(unclear)}, measure longer:")
+        out.append(
+            f"  inconclusive: the two runs' intervals cannot separate at the margin. To firm up these "
+            f"{len(unclear)}, measure longer:"
+        )
         out.extend(f"    pytest {shlex.quote(case)} --perfguard --perfguard-case-budget 20" for case in unclear[:10])
         if len(unclear) > 10:
             out.append(f"    ... and {len(unclear) - 10} more")
-    if "slower" in by and isinstance(a_sha, str) and a_sha:
-        out.append("  to confirm a slowdown in one process, against A's revision (paired, no between-run noise):")
+    if (regressed or faster) and isinstance(a_sha, str) and a_sha:
+        out.append("  to confirm a change in one process, against A's revision (paired, no between-run noise):")
         out.extend(
-            f"    pytest {shlex.quote(case)} --perfguard --perfguard-against {a_sha[:12]}" for case in by["slower"][:10]
+            f"    pytest {shlex.quote(case)} --perfguard --perfguard-against {a_sha[:12]}"
+            for case in (regressed + faster)[:10]
         )
     return out if len(out) > 1 else []
 
@@ -246,12 +268,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     differences = device_differences(a.device, b.device)
     if differences:
         print(f"warning: not comparable: {'; '.join(differences)}")
-    rows, slower, only_a, only_b = _compare_rows(a, b, args.margin)
+    threshold = compare_threshold(args.margin, a.device, b.device)
+    rows, slower, only_a, only_b = _compare_rows(a, b, threshold)
+    if threshold > args.margin:
+        print(
+            f"margin: {threshold:.1%}, not the {args.margin:.1%} asked: two runs in two processes differ by the "
+            "device's between-process noise, which the plugin's margin never goes below"
+        )
     if rows:
         headers = ["case", "A [95% CI]", "B [95% CI]", "B/A [95% CI]", "MDE"]
         if len(rows[0]) == 7:
             headers.append("B's A/B gate")
-        headers.append(f"verdict (margin {args.margin:g})")
+        headers.append(f"verdict (margin {threshold:.1%})")
         print(tabulate(rows, headers=headers, disable_numparse=True))
     else:
         print("no case in common")
@@ -259,12 +287,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"only in A ({len(only_a)}): " + ", ".join(only_a))
     if only_b:
         print(f"only in B ({len(only_b)}): " + ", ".join(only_b))
-    print(f"{slower} slower of {len(rows)} compared")
+    print(f"{slower} regressed of {len(rows)} compared")
     gates = Counter(str(g.get("status")) for r in b.results if (g := r.gate("ab")) is not None)
     if gates:
         counts = ", ".join(f"{n} {status}" for status, n in gates.most_common())
         print(f"B's own A/B gate (head against its base revision in one process, the firmer evidence): {counts}")
-    for line in firmer_answer(rows, args.margin, a.run.get("git_sha")):
+    for line in firmer_answer(rows, threshold, a.run.get("git_sha")):
         print(line)
     return 1 if args.fail_on_regression and slower else 0
 
@@ -298,6 +326,10 @@ def validate_file(path: Path) -> str:
     if isinstance(obj, dict) and obj.get("kind") == RESULTS_KIND:
         results = parse_results(path, obj)
         return f"results, {_plural(len(results.results), 'record')}"
+    if isinstance(obj, dict) and obj.get("kind") == MERGED_KIND:  # what `perfguard merge` writes
+        runs = read_runs(path)
+        records = sum(len(run.checked.results) for run in runs)
+        return f"merged results, {_plural(len(runs), 'run')}, {_plural(records, 'record')}"
     bf = parse_baseline(path, obj)
     text = f"baseline, {_plural(len(bf.cases), 'case')}"
     if bf.migrated_from is not None:
@@ -378,7 +410,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, separate so tests and docs can inspect it."""
-    parser = argparse.ArgumentParser(prog="perfguard", description="Inspect and maintain perfguard baselines.")
+    parser = argparse.ArgumentParser(
+        prog="perfguard",
+        description="The command of pytest-perfguard: show and validate baselines, compare, merge and report "
+        "results files, keep the history, bisect a slowdown and explain it with Nsight Compute. The guard "
+        "itself runs in pytest: pytest --perfguard.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     show = sub.add_parser("show", help="print a baseline file, or every *.json in a folder")
@@ -392,16 +430,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--margin",
         type=float,
         default=DEFAULT_MARGIN,
-        help=f"relative change that counts (default {DEFAULT_MARGIN:g}, the plugin's --perfguard-margin)",
+        help=f"relative change that counts (default {DEFAULT_MARGIN:g}, the plugin's --perfguard-margin); as in "
+        "the plugin, never below 4x the device's between-process noise floor",
     )
-    compare.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any case is slower in B")
+    compare.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any case regressed in B")
     compare.set_defaults(func=cmd_compare)
 
     migrate = sub.add_parser("migrate", help="rewrite old-schema baseline files in the current schema")
     migrate.add_argument("paths", nargs="+", metavar="PATH")
     migrate.set_defaults(func=cmd_migrate)
 
-    validate = sub.add_parser("validate", help="check baseline/results files; exit 1 if any is bad")
+    validate = sub.add_parser("validate", help="check baseline, results and merged files; exit 1 if any is bad")
     validate.add_argument("paths", nargs="+", metavar="PATH")
     validate.set_defaults(func=cmd_validate)
 

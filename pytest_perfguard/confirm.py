@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
+from .cleanup import CONFIRM_PREFIX, die_with_parent
 from .device import SESSION_PIDS_ENV, session_pids
 from .record import CaseRecord, RecordError, Status
 from .settings import Settings
@@ -76,8 +77,19 @@ def _plugin_args(config: pytest.Config) -> list[str]:
 
 def run_fresh(item: pytest.Item, settings: Settings, timeout_s: float | None) -> CaseRecord | str:
     """Run `item` alone in a new process with these settings; its record, or why there is none."""
-    config = item.config
-    with tempfile.TemporaryDirectory(prefix="perfguard-confirm-") as tmp:
+    got = run_fresh_cases(item.config, [item.nodeid], settings, timeout_s)
+    if isinstance(got, str):
+        return got
+    return got.get(item.nodeid) or f"the fresh process did not run {item.nodeid}"
+
+
+def run_fresh_cases(
+    config: pytest.Config, nodeids: list[str], settings: Settings, timeout_s: float | None
+) -> dict[str, CaseRecord] | str:
+    """Run these items, in this order, in one new process with these settings (one start for many cases:
+    a batch of confirmations, an update's further processes); their records by id, or why there are none."""
+    # The pid in the name lets the next session remove the folder if this one is killed.
+    with tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-") as tmp:
         out = Path(tmp) / "confirm.json"
         env = dict(os.environ)
         env.pop("GITHUB_STEP_SUMMARY", None)
@@ -94,15 +106,22 @@ def run_fresh(item: pytest.Item, settings: Settings, timeout_s: float | None) ->
                 SESSION_PIDS_ENV: ",".join(str(p) for p in sorted(session_pids())),
             }
         )
-        cmd = [sys.executable, "-m", "pytest", item.nodeid, "-q", "-p", "no:cacheprovider", "--perfguard"]
+        cmd = [sys.executable, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", "--perfguard"]
         cmd += ["--rootdir", str(config.rootpath), *_plugin_args(config)]
         if config.inipath is not None:
             cmd += ["-c", str(config.inipath)]
         if config.pluginmanager.hasplugin("xdist"):
-            cmd += ["-n", "0"]  # overrides an `-n` in addopts: one case, in this one process
+            cmd += ["-n", "0"]  # overrides an `-n` in addopts: these cases, in this one process
         try:
             proc = subprocess.run(
-                cmd, cwd=config.rootpath, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+                cmd,
+                cwd=config.rootpath,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+                preexec_fn=die_with_parent(),  # a kill -9 of this session must not leave it on the GPU
             )
         except subprocess.TimeoutExpired:
             return f"the fresh process did not finish in {timeout_s:g}s"
@@ -113,13 +132,17 @@ def run_fresh(item: pytest.Item, settings: Settings, timeout_s: float | None) ->
         except (OSError, ValueError):
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
             return f"the fresh process wrote no result (exit {proc.returncode}): " + " | ".join(tail)
-    mine = [r for r in doc.get("results", []) if r.get("id") == item.nodeid]
-    if not mine:
-        return f"the fresh process did not run {item.nodeid} (exit {proc.returncode})"
-    try:
-        return CaseRecord.from_json(mine[0])
-    except RecordError as exc:
-        return f"the fresh process wrote a record this version cannot read: {exc}"
+    wanted = set(nodeids)
+    records: dict[str, CaseRecord] = {}
+    for raw in doc.get("results", []):
+        if isinstance(raw, dict) and raw.get("id") in wanted:
+            try:
+                records[str(raw["id"])] = CaseRecord.from_json(raw)
+            except RecordError as exc:
+                return f"the fresh process wrote a record this version cannot read: {exc}"
+    if not records:
+        return f"the fresh process ran none of the {len(nodeids)} case(s) (exit {proc.returncode})"
+    return records
 
 
 def _fresh(run: CaseRun) -> tuple[CaseRecord | str, dict[str, Any]] | None:
@@ -202,7 +225,7 @@ def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict:
     own, and would throw away the runs the centre was made of. So the case is measured against the stored
     entry in a fresh process: if it passes there, this run was the process, not the kernel, and it is held
     back from the baseline; otherwise the change stands and the entry restarts."""
-    limit = run.state.policy().delta(stored.noise)
+    limit = run.state.policy().baseline_delta(stored)
     moved = math.log(median_ns / stored.median_ns)
     status = verdict.status
     if abs(moved) <= math.log1p(limit) or not run.state.settings.confirm or in_child():

@@ -9,8 +9,10 @@ a verdict inconclusive rather than a regression.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +94,34 @@ def fingerprint(device: str) -> dict[str, Any]:
         info.update(kind="cpu", name=name, capability=None, cores=os.cpu_count(), cuda=None, driver=None)
         info["slug"] = "cpu-" + device_slug(name)
     return info
+
+
+def gpu_names() -> list[str]:
+    """The visible CUDA GPUs' names, by CUDA index; none without CUDA. No CUDA context is made."""
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def timing_gpus(names: Sequence[str], first: int = 0) -> list[int]:
+    """The GPUs a guarded run times on: every GPU of GPU `first`'s model. A case's baseline lives in its
+    model's file, and xdist hands cases to workers in no fixed order: on a host of two models, a case would
+    be timed on one model in one run and on the other in the next, and compared with nothing."""
+    return [i for i, name in enumerate(names) if name == names[first]] if names else []
+
+
+@functools.cache
+def lock_name(device: str) -> str:
+    """What the device lock is named after: a GPU's UUID, so that processes which number one GPU differently
+    (CUDA_VISIBLE_DEVICES) take one lock for it, and two GPUs both called cuda:0 take two."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return device
+    dev = torch.device(device)
+    try:
+        uuid = str(torch.cuda.get_device_properties(dev.index if dev.index is not None else 0).uuid)
+    except Exception:
+        return device
+    return "gpu-" + "".join(c for c in uuid if c.isalnum() or c == "-")
 
 
 SESSION_PIDS_ENV = "PERFGUARD_SESSION_PIDS"  # set for a confirmation process: the session it belongs to

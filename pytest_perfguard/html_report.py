@@ -90,6 +90,12 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+def _label(text: object) -> str:
+    """A label plotly.js draws (trace name, category, tick): it renders a subset of HTML there (<a href> is a
+    live link), so < > & are escaped; quotes stay, as plotly.js decodes no &quot; and a tag needs a <."""
+    return html.escape(str(text), quote=False)
+
+
 # ------------------------------------------------------------------------------------------------ figures
 #
 # Figures are plotly figure specs (the JSON that plotly.js draws), written as dicts: building ~100 of them
@@ -203,7 +209,7 @@ def gates_figure(cases: Sequence[Case], title: str) -> Figure | None:
     judged = [c for c in cases if any(g.estimate is not None for g in c.gates)]
     if not names or not judged:
         return None
-    labels = [f"{c.rec.variant} · {c.shape}" for c in judged]
+    labels = [_label(f"{c.rec.variant} · {c.shape}") for c in judged]
     gap = 0.04
     width = (1.0 - gap * (len(names) - 1)) / len(names)
     data: list[dict[str, Any]] = []
@@ -269,7 +275,7 @@ def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
             "line": {"color": color, "dash": "dash" if variant == against else "solid", "width": 1.5},
             "marker": {"size": 7, "color": color},
             "mode": "lines+markers",
-            "legendgroup": variant,
+            "legendgroup": _label(variant),
         }
         if use_tflops:
             ys = [_r((c.rec.tflops or 0.0) * scale) for c in mine]
@@ -280,8 +286,8 @@ def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
         data.append(
             {
                 "type": "scatter",
-                "name": variant,
-                "x": [c.shape for c in mine],
+                "name": _label(variant),
+                "x": [_label(c.shape) for c in mine],
                 "y": ys,
                 **style,
                 "error_y": _error_bars(ys, cis, color),
@@ -299,8 +305,8 @@ def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
             data.append(
                 {
                     "type": "scatter",
-                    "name": variant,
-                    "x": [c.shape for c in rated],
+                    "name": _label(variant),
+                    "x": [_label(c.shape) for c in rated],
                     "y": ratios,
                     **style,
                     "showlegend": False,
@@ -312,7 +318,7 @@ def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
                 }
             )
     top = f"{unit} (95% CI)" if use_tflops else "time, µs (95% CI)"
-    xaxis = _axis(type="category", categoryorder="array", categoryarray=shapes, tickangle=-30)
+    xaxis = _axis(type="category", categoryorder="array", categoryarray=[_label(s) for s in shapes], tickangle=-30)
     layout: dict[str, Any] = {
         "title": _title(title),
         "height": 640 if has_ratio else 380,
@@ -387,7 +393,7 @@ def case_figure(case: Case) -> Figure | None:
         )
     if gates:
         x, y = ("x2", "y2") if series else ("x", "y")
-        data += _forest([(g.name, g, case.id) for g in gates], x, y, labels=True)
+        data += _forest([(_label(g.name), g, case.id) for g in gates], x, y, labels=True)
         layout["xaxis2" if series else "xaxis"] = _axis(
             domain=[0.7, 1.0] if series else [0.0, 1.0],
             anchor=y,

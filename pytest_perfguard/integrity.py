@@ -10,10 +10,14 @@ it saw; the runner fails the case as FLAGGED. The runner records each check's wa
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import random
+import sys
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -376,6 +380,24 @@ def degenerate_inputs(
 # --------------------------------------------------------------------------------- silent fallback
 
 
+@contextlib.contextmanager
+def _quiet_profiler() -> Iterator[None]:
+    """Kineto writes "USDT: ... profiler_start" (and _stop) straight to the process's stderr on every session,
+    and torch.profiler warns that it "clears events" between cycles: noise in every user's output and
+    warnings summary. Both are silenced for the profiler's start and stop only, never around the user's call."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        sys.stderr.flush()
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(null)
+
+
 def profiled_call(call: Callable[[], Any], device: torch.device | None) -> tuple[Any, set[str], float]:
     """One call under torch.profiler: its result, the operator and kernel names it ran (aten ops on CPU,
     kernels too on CUDA, where `device` is the CUDA device), and the seconds the profiler's own start, stop
@@ -386,7 +408,8 @@ def profiled_call(call: Callable[[], Any], device: torch.device | None) -> tuple
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     t0 = time.monotonic()
     prof = profile(activities=activities)
-    prof.start()
+    with _quiet_profiler():
+        prof.start()
     started = time.monotonic()
     try:
         out = call()
@@ -394,7 +417,8 @@ def profiled_call(call: Callable[[], Any], device: torch.device | None) -> tuple
             torch.cuda.synchronize(device)
     finally:
         called = time.monotonic()
-        prof.stop()
+        with _quiet_profiler():
+            prof.stop()
     names = {str(e.key) for e in prof.key_averages()}
     return out, names, (started - t0) + (time.monotonic() - called)
 

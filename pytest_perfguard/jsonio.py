@@ -14,12 +14,11 @@ import json
 import math
 import os
 import secrets
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from filelock import FileLock, Timeout
+from .locks import LockError, LockTimeout, file_lock, lock_dir
 
 LOCK_TIMEOUT_S = 60.0
 _CONFLICT_PREFIXES = ("<<<<<<<", "=======", ">>>>>>>", "|||||||")
@@ -253,10 +252,7 @@ def lock_file(path: Path) -> Path:
     """Where the lock of a file lives: in a per-user folder outside the repository, keyed by the file's
     absolute path, so that no run (finished or crashed) ever leaves a lock file beside a tracked file."""
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    root = Path(os.environ.get("PERFGUARD_LOCK_DIR") or tempfile.gettempdir()) / f"pytest-perfguard-{uid}"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return root / f"{path.name}.{key}.lock"
+    return lock_dir() / f"{path.name}.{key}.lock"
 
 
 @contextlib.contextmanager
@@ -266,19 +262,20 @@ def locked(path: Path, timeout: float = LOCK_TIMEOUT_S, error: type[JSONFileErro
         raise error(f"{path}: folder {path.parent} does not exist; create it (mkdir -p {path.parent}) and run again")
     try:
         where = lock_file(path)
+    except LockError as exc:
+        raise error(f"{path}: {exc.strerror}") from None
     except OSError as exc:
         raise error(f"{path}: cannot create the lock folder ({exc.strerror or exc}); set PERFGUARD_LOCK_DIR") from None
-    lock = FileLock(str(where), timeout=timeout)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise error(
-            f"{path}: could not lock it within {timeout:g} s ({where}); another perfguard run is writing "
-            "this file. Wait for it and run again"
-        ) from None
-    except OSError as exc:
-        raise error(f"{path}: cannot create the lock file {where} ({exc.strerror or exc})") from None
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(file_lock(where, timeout=timeout))
+        except LockTimeout:
+            raise error(
+                f"{path}: could not lock it within {timeout:g} s ({where}); another perfguard run is writing "
+                "this file. Wait for it and run again"
+            ) from None
+        except LockError as exc:
+            raise error(f"{path}: {exc.strerror}") from None
+        except OSError as exc:
+            raise error(f"{path}: cannot create the lock file {where} ({exc.strerror or exc})") from None
         yield
-    finally:
-        lock.release()

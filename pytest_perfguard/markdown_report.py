@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,10 +46,29 @@ def _cell(text: str) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
+# A zero-width joiner after "@": reads the same, but GitHub no longer turns it into a mention (a ping).
+_MENTION = re.compile(r"@(?=[\w-])")
+
+
+def _unmention(text: str) -> str:
+    return _MENTION.sub("@\u200d", text)
+
+
+def _plain(text: object) -> str:
+    """Text from a results file (test ids, variant names, reasons, device names) shown as text, on one line
+    and safe in a table cell: no HTML (``<details>``, ``<img>``), no link or image (``[x](javascript:...)``),
+    no code span and no @mention. A pull request chooses these strings; the summary is a bot's comment."""
+    out = html.escape(_cell(str(text)), quote=False)
+    out = out.replace("`", "\\`").replace("[", "\\[").replace("]", "\\]")
+    return _unmention(out)
+
+
 def _code(text: str) -> str:
-    """Inline code that survives any backticks in a node id."""
-    fence = "``" if "`" in text else "`"
-    return f"{fence}{text}{fence}" if fence == "`" else f"{fence} {text} {fence}"
+    """Inline code that survives any backtick run in a node id: the fence is one backtick longer than the
+    longest run inside (CommonMark), padded by spaces; no mention or link is made inside code."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence}{text}{fence}" if longest == 0 else f"{fence} {text} {fence}"
 
 
 def _where(report: Report, case: Case) -> str:
@@ -67,9 +87,9 @@ def _attention(report: Report) -> list[str]:
     ]
     for case in cases[:MAX_ATTENTION]:
         lines.append(
-            f"| **{_cell(case.status)}** | {_cell(case.rec.variant)} · "
-            f"{_cell(case.shape)}{_cell(_where(report, case))} "
-            f"| {_cell(case.decisive_reason())} | {rd.fmt_mde(case.mde)} | {_cell(_code(case.command()))} |"
+            f"| **{_plain(case.status)}** | {_plain(case.rec.variant)} · "
+            f"{_plain(case.shape)}{_plain(_where(report, case))} "
+            f"| {_plain(case.decisive_reason())} | {rd.fmt_mde(case.mde)} | {_cell(_code(case.command()))} |"
         )
     if len(cases) > MAX_ATTENTION:
         lines.append(f"\n…and {len(cases) - MAX_ATTENTION} more: see the full table below or the HTML report.")
@@ -89,9 +109,10 @@ def _explained(report: Report) -> list[str]:
         opened = " open" if index < OPEN_EXPLAINED else ""
         title = f"{case.rec.variant} · {case.shape}{_where(report, case)}: {e.headline()}"
         lines += [
-            f"<details{opened}><summary><b>{html.escape(case.status)}</b> {html.escape(title)}</summary>",
+            f"<details{opened}><summary><b>{_unmention(html.escape(case.status))}</b> "
+            f"{_unmention(html.escape(title))}</summary>",
             "",
-            _cell(e.source()),
+            _plain(e.source()),
             "",
         ]
         for number, kernel in enumerate(e.kernels, 1):
@@ -102,7 +123,7 @@ def _explained(report: Report) -> list[str]:
                 "| --- | ---: | ---: | ---: |",
             ]
             for row in kernel.rows():
-                cells = [_cell(c) for c in (row.label, row.head, row.base, row.change)]
+                cells = [_plain(c) for c in (row.label, row.head, row.base, row.change)]
                 lines.append("| " + " | ".join(f"**{c}**" if row.moved else c for c in cells) + " |")
             lines.append("")
         lines += ["</details>", ""]
@@ -139,12 +160,15 @@ def _table_rows(report: Report) -> list[str]:
         ]
         if device_col:
             cells.append(case.device_name)
-        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        rows.append("| " + " | ".join(_plain(c) for c in cells) + " |")
     return rows
 
 
 def _quoted(label: str) -> str:
-    return '"' + label.replace('"', "'") + '"'
+    """A label inside the Mermaid block: one line (a line of backticks would end the block), no quote that
+    ends it early, no tag."""
+    flat = " ".join(label.split()).replace('"', "'").replace("`", "'").replace("<", "\u2039").replace(">", "\u203a")
+    return '"' + flat + '"'
 
 
 def _num(x: float) -> str:
@@ -202,12 +226,13 @@ def ratio_chart(cases: Sequence[Case], title: str) -> list[str]:
         ys = [by_variant[variant][s] for s in shapes]
         lines.append("  line [" + ", ".join(_num(math.log2(y) if log else y) for y in ys) + "]")
     lines.append("```")
-    legend = " · ".join(f"{square} {variant}" for (square, _), variant in zip(colors, shown, strict=True))
+    legend = " · ".join(f"{square} {_plain(variant)}" for (square, _), variant in zip(colors, shown, strict=True))
     lines.append("")
-    lines.append(legend + (f" · y: log2, 0 = as fast as {against}, 1 = twice its time" if log else ""))
+    lines.append(legend + (f" · y: log2, 0 = as fast as {_plain(against)}, 1 = twice its time" if log else ""))
     if dropped:
         lines.append(
-            f"\nNot drawn (no ratio at every shape, or more than {len(SERIES)} variants): {', '.join(dropped)}"
+            f"\nNot drawn (no ratio at every shape, or more than {len(SERIES)} variants): "
+            + ", ".join(_plain(v) for v in dropped)
         )
     return [*lines, ""]
 
@@ -217,10 +242,10 @@ def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, 
     ``notes``: the session's messages (stale entries, files written), listed after the chart."""
     report = rd.build(doc)
     devices = " + ".join(str(d.get("name") or slug) for slug, d in report.devices.items()) or "unknown device"
-    env = " · ".join(f"**{k}** {v}" for k, v in rd.environment(report) if k != "device")
-    head = [f"### perfguard: {devices}", "", f"**{rd.counts_line(report)}**", "", env, ""]
+    env = " · ".join(f"**{_plain(k)}** {_plain(v)}" for k, v in rd.environment(report) if k != "device")
+    head = [f"### perfguard: {_plain(devices)}", "", f"**{_plain(rd.counts_line(report))}**", "", env, ""]
     if report.errors:
-        head += ["#### Session errors", "", *[f"- {_cell(e)}" for e in report.errors], ""]
+        head += ["#### Session errors", "", *[f"- {_plain(e)}" for e in report.errors], ""]
     head += _attention(report)
     head += _explained(report)
     charts: list[str] = []
@@ -232,7 +257,7 @@ def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, 
     opening = [f"<details><summary>All {len(report.cases)} cases</summary>", ""]
     closing = ["", "</details>", ""]
 
-    tail = [f"- {_cell(note)}" for note in notes]
+    tail = [f"- {_plain(note)}" for note in notes]
 
     def assemble(table: list[str]) -> str:
         return "\n".join([*head, *opening, *table, *closing, *charts, *tail]).rstrip("\n") + "\n"

@@ -236,6 +236,7 @@ def perf_case(
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> None:
+            __tracebackhide__ = True
             variant = kwargs.pop(VARIANT_ARG)
             runner = kwargs.pop(RUNNER_ARG)
             params = sig.bind_partial(*args, **kwargs).arguments

@@ -7,12 +7,13 @@ runner wrote it, plus the file it came from::
     {"kind": "perfguard-merged-results", "schema_version": 1,
      "runs": [{"source": "l4/results.json", "schema_version": 1, "device": {...}, "results": [...]}, ...]}
 
-Why a container and not one flat list: a case id means one kernel on one device, so cases from different
-devices stay apart (keyed by device slug and id), every record stays valid under the strict per-run loader
-(`results_io.parse_results`), and each source's device, run information and summary survive unchanged.
-Its own schema version counts the container layout; each run keeps the results schema it was written in,
-and runs written in different results schemas are not merged, because their records may mean different
-things.
+Why a container and not one flat list: each run keeps its device (runners of several kinds each run
+their own cases), every record stays valid under the strict per-run loader (`results_io.parse_results`),
+and each source's device, run information and summary survive unchanged. Its own schema version counts
+the container layout; each run keeps the results schema it was written in, and runs written in different
+results schemas are not merged, because their records may mean different things. A merge also refuses
+one case from two devices (a case's verdicts come from one kind of hardware) and runs of different
+commits.
 """
 
 from __future__ import annotations
@@ -96,22 +97,42 @@ def _merged_runs(path: Path, obj: dict[str, Any]) -> list[Run]:
             raise bad(f"run #{index} must be an object with a 'source' string")
         label = Path(f"{path} (run from {item['source']})")
         runs.append(Run(source=item["source"], doc=_run_object(item), checked=parse_results(label, _run_object(item))))
-    _check_unique(runs)
+    _check_unique(runs, one_device=False)  # files merged before the one-device rule still read
     return runs
 
 
-def _check_unique(runs: Sequence[Run]) -> None:
-    """A case id names one kernel on one device: the same (device, id) twice is two answers to one question."""
-    seen: dict[tuple[str, str], str] = {}
+def _check_unique(runs: Sequence[Run], *, one_device: bool = True) -> None:
+    """A case runs on one device: the same case twice is two answers to one question, and on two devices
+    its verdicts would come from unlike hardware (each runner kind keeps its own cases and baseline)."""
+    seen: dict[tuple[str, str], Run] = {}
     for run in runs:
         for record in run.checked.results:
-            key = (run.slug, record.id)
-            if key in seen:
+            first = seen.setdefault((record.id, "" if one_device else run.slug), run)
+            if first is run:
+                continue
+            if first.slug == run.slug:
                 raise MergeError(
-                    f"{run.source}: case {record.id!r} on device {run.slug!r} is also in {seen[key]}; "
-                    f"merge results of different cases or devices, or drop one of the two files"
+                    f"{run.source}: case {record.id!r} on device {run.slug!r} is also in {first.source}; "
+                    f"merge results of different cases, or drop one of the two files"
                 )
-            seen[key] = run.source
+            raise MergeError(
+                f"{run.source}: case {record.id!r} ran on device {run.slug!r} here and on {first.slug!r} in "
+                f"{first.source}; a case runs on one runner kind only: select each case on one kind of runner"
+            )
+
+
+def _check_revisions(runs: Sequence[Run]) -> None:
+    """Runs of one merge measured one commit (and, under --perfguard-against, against one base): results of
+    two commits in one summary would judge code that no single revision holds."""
+    for key, what in (("git_sha", "commit"), ("base_sha", "base revision")):
+        claims = [(run, run.checked.run.get(key)) for run in runs if run.checked.run.get(key)]
+        first_run, first = claims[0] if claims else (None, None)
+        for run, sha in claims:
+            if first_run is not None and sha != first:
+                raise MergeError(
+                    f"{run.source}: results of {what} {str(sha)[:12]}, but {first_run.source} has {str(first)[:12]}; "
+                    f"merge the results of one {what} (re-run the runners on the same checkout)"
+                )
 
 
 def _check_schemas(claims: Sequence[tuple[str, int]]) -> None:
@@ -156,6 +177,7 @@ def merge_files(paths: Sequence[Path]) -> dict[str, Any]:
     runs = [run for path in paths for run in read_runs(Path(path))]
     _check_schemas([(run.source, run.schema_version) for run in runs])
     _check_unique(runs)
+    _check_revisions(runs)
     if not any(run.checked.results for run in runs):
         names = ", ".join(str(p) for p in paths)
         raise MergeError(

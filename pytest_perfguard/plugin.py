@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     st.add_options(parser)
 
 
-def _pick_device(config: pytest.Config, wanted: str) -> str:
+def _pick_device(config: pytest.Config, wanted: str, *, enabled: bool) -> str:
     import torch
 
     if wanted == "cpu":
@@ -41,9 +42,12 @@ def _pick_device(config: pytest.Config, wanted: str) -> str:
         return "cpu"  # variants that need CUDA skip (or fail under --perfguard-require-gpu)
     if wanted.startswith("cuda:"):
         return wanted
-    worker = getattr(config, "workerinput", {}).get("workerid", "gw0")
-    index = int(worker[2:]) if worker[2:].isdigit() else 0
-    return f"cuda:{index % torch.cuda.device_count()}"
+    return xd.worker_gpu(config, enabled=enabled)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    return xd.auto_workers(config)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,10 +56,13 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARK_NAME}(case): set by @perf_case; one item per kernel variant, checked for correctness and, "
         "with --perfguard, timed",
     )
+    mistake = st.rootdir_mistake(config)
+    if mistake is not None:
+        raise pytest.UsageError(mistake)
     settings = st.from_config(config)
     for name, value in (xd.worker_paths(config) or {}).items():
         setattr(settings, name, Path(value))  # the controller's resolution: every process reads the same files
-    settings.device = _pick_device(config, settings.device)
+    settings.device = _pick_device(config, settings.device, enabled=settings.enabled)
     if settings.html is not None and importlib.util.find_spec("plotly") is None:
         raise pytest.UsageError(
             "--perfguard-html needs plotly: pip install 'pytest-perfguard[report]', or drop --perfguard-html."
@@ -67,6 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
             stacklevel=2,
         )
     state = make_state(settings, config.rootpath)
+    if settings.enabled and not is_worker(config):
+        _sweep_leftovers(settings)
     if settings.enabled:
         try:
             state.baseline = bl.read_baseline(baseline_file(state))
@@ -79,7 +88,29 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = state
     config.stash[MERGED] = Merged()
     state.on_timeout = lambda message, item: _flush_on_timeout(config, message, item)
+    if settings.update and settings.update_processes > 1 and not is_worker(config):
+        from .confirm import run_fresh_cases
+
+        per_case = settings.case_timeout
+
+        def fresh_cases(ids: list[str]) -> Any:
+            timeout = 2 * per_case * len(ids) + 120 if per_case else None
+            return run_fresh_cases(config, ids, settings, timeout)
+
+        state.fresh_cases = fresh_cases
     xd.controller_setup(config)
+
+
+def _sweep_leftovers(settings: st.Settings) -> None:
+    """What killed sessions left: confirmation temp folders, temp files of interrupted atomic writes."""
+    from .cleanup import sweep_atomic_temps, sweep_confirm_dirs
+    from .confirm import in_child
+
+    if in_child():
+        return  # its parent session is alive, and sweeps for itself
+    sweep_confirm_dirs()
+    for folder in {settings.baseline_dir, *(p.parent for p in (settings.json, settings.html) if p is not None)}:
+        sweep_atomic_temps(Path(folder))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -125,7 +156,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     held = len(state.baseline.cases) if state.baseline is not None else 0
     exists = state.baseline is not None and state.baseline.exists
     where = f"{st.shown(path)} ({held} case(s) stored)" if exists else f"{st.shown(path)} (no such file yet)"
-    lines = [f"perfguard: baseline {where}"]
+    lines = [f"perfguard: baseline {where}", *xd.gpu_header(config, state.settings)]
     if state.base is not None:
         lines.append(f"perfguard: against {state.base.describe()}")
     return lines
@@ -185,8 +216,23 @@ def perfguard_device(request: pytest.FixtureRequest) -> str:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
+    _skip_at_the_test(item, report)
     xd.mark_report(item, report)
     return report
+
+
+def _skip_at_the_test(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A skip the plugin raises is reported at the test, not at the line that raised it (the plugin's, or
+    pytest's own when the plugin's frames are hidden from tracebacks)."""
+    if not (report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3):
+        return
+    where = Path(item.config.invocation_params.dir, str(report.longrepr[0])).resolve().parent
+    if where not in (Path(__file__).resolve().parent, Path(inspect.getfile(pytest.Item)).resolve().parent):
+        return
+    mark = item.get_closest_marker(MARK_NAME)
+    code = getattr(mark.kwargs.get("factory") if mark is not None else None, "__code__", None)
+    if code is not None:  # the user's test function (pytest's own location is the plugin's wrapper)
+        report.longrepr = (code.co_filename, code.co_firstlineno, report.longrepr[2])
 
 
 @pytest.hookimpl(wrapper=True)
@@ -234,7 +280,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.write_sep(
         "=", f"perfguard: {info.get('name')} ({state.settings.device}), torch {info.get('torch')}"
     )
-    for line in terminal_lines(records, verbose=config.get_verbosity() > 0):
+    if state.base is not None:  # pytest's own header is gone under -q; the table must say what it compared with
+        terminalreporter.write_line(f"perfguard: against {state.base.describe()}")
+    for line in terminal_lines(records, verbose=config.get_verbosity() > 0, margin=state.settings.margin):
         terminalreporter.write_line(line)
     for line in summary.messages:
         terminalreporter.write_line(line)

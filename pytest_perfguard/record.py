@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -169,6 +170,11 @@ class CaseRecord:
         except Invalid as exc:
             raise RecordError(f"field 'explain': {exc}") from None
         return cls(**data)
+
+
+def id_order(text: str) -> tuple[str | int, ...]:
+    """A sort key in which the numbers of a node id or shape compare as numbers (S256 before S1024)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def dumps_records(records: list[CaseRecord]) -> str:

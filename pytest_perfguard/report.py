@@ -17,7 +17,7 @@ from typing import Any
 from tabulate import tabulate
 
 from .jsonio import write_text_atomic
-from .record import CaseRecord, Outcome, Status
+from .record import CaseRecord, Outcome, Status, id_order
 from .results_io import RESULTS_KIND, RESULTS_SCHEMA_VERSION, ResultsError
 
 _UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
@@ -88,7 +88,7 @@ def _mde(record: CaseRecord) -> str:
 def rows(records: Iterable[CaseRecord]) -> list[list[str]]:
     out = []
     ab = any(r.gate("ab") is not None for r in records)
-    for r in sorted(records, key=lambda r: r.id):
+    for r in sorted(records, key=lambda r: id_order(r.id)):
         if r.median_ns is None:
             why = "; ".join(r.reasons) or str(r.verdict or r.outcome)
             out.append(
@@ -302,10 +302,33 @@ def skip_lines(records: Iterable[CaseRecord], width: int = WIDTH) -> list[str]:
     return textwrap.wrap(text, width, subsequent_indent="  ")
 
 
-def terminal_lines(records: Iterable[CaseRecord], *, verbose: bool = False, width: int = WIDTH) -> list[str]:
+def margin_lines(records: Iterable[CaseRecord], margin: float | None, width: int = WIDTH) -> list[str]:
+    """The margin the baseline and ratio gates judged at, when it is not the setting: stored between-run
+    noise widens a case's margin (verdict.py), and a reader told "5%" must not think 5% was the rule."""
+    used: dict[float, int] = Counter()
+    for r in records:
+        for name in ("baseline", "ratio"):
+            threshold = (r.gate(name) or {}).get("threshold")
+            if isinstance(threshold, (int, float)) and threshold > 1.0:
+                used[round(threshold - 1.0, 4)] += 1
+    if not used or (margin is not None and set(used) == {round(margin, 4)}):
+        return []
+    if len(used) <= 3:
+        parts = ", ".join(f"{m:.1%} ({n} gate(s))" for m, n in sorted(used.items()))
+    else:
+        parts = f"{min(used):.1%} to {max(used):.1%} ({sum(used.values())} gates)"
+    setting = f"{margin:.0%} set, " if margin is not None else ""
+    text = f"margin used by the baseline and ratio gates: {parts}; {setting}widened per case by its stored noise"
+    return textwrap.wrap(text, width, subsequent_indent="  ")
+
+
+def terminal_lines(
+    records: Iterable[CaseRecord], *, verbose: bool = False, width: int = WIDTH, margin: float | None = None
+) -> list[str]:
     """The table under the test results. Default: fits `width` columns; the cases that need a look come first,
-    each with its reason and node id below it; skips are one line. `verbose`: every column and every row."""
-    records = sorted(records, key=lambda r: r.id)
+    each with its reason and node id below it; skips are one line. `verbose`: every column and every row.
+    `margin`: the setting, so that a wider margin the gates used is said under the table."""
+    records = sorted(records, key=lambda r: id_order(r.id))
     if not records:
         return []
     if verbose:
@@ -313,6 +336,7 @@ def terminal_lines(records: Iterable[CaseRecord], *, verbose: bool = False, widt
         return [
             *table(records).splitlines(),
             *(f"{r.verdict or r.outcome}: {r.id}: " + "; ".join([*r.reasons, *r.disturbances]) for r in look),
+            *margin_lines(records, margin, width),
         ]
     shown = [r for r in records if not _skipped(r)]
     ab = any(r.gate("ab") is not None for r in shown)
@@ -342,5 +366,6 @@ def terminal_lines(records: Iterable[CaseRecord], *, verbose: bool = False, widt
             # faster in this process only: the row's delta needs the fresh process's word beside it
             out.extend(textwrap.wrap(why(r), width, initial_indent="    ", subsequent_indent="      "))
     out.extend(skip_lines(records, width))
+    out.extend(margin_lines(shown, margin, width))
     out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column and skipped row: -v")
     return out

@@ -17,7 +17,7 @@ from typing import Any
 
 from .explanation import lenient
 from .merge import runs_of
-from .record import Status
+from .record import Status, id_order
 from .results_io import ResultRecord
 
 # A case that failed the build, then one that could not be decided, then the rest; within a group, by id.
@@ -170,7 +170,7 @@ class Report:
     def tests(self) -> list[tuple[str, str, list[Case]]]:
         """(device slug, test function, its cases) in first-seen order: one grid per test and device."""
         groups: dict[tuple[str, str], list[Case]] = {}
-        for case in sorted(self.cases, key=lambda c: (c.device, c.test, c.id)):
+        for case in sorted(self.cases, key=lambda c: (c.device, c.test, id_order(c.id))):
             groups.setdefault((case.device, case.test), []).append(case)
         return [(device, test, cases) for (device, test), cases in groups.items()]
 
@@ -271,9 +271,9 @@ def _case(record: Mapping[str, Any], device: Mapping[str, Any]) -> Case:
     )
 
 
-def _sort_key(case: Case) -> tuple[int, str, str]:
+def _sort_key(case: Case) -> tuple[int, tuple[str | int, ...], str]:
     rank = STATUS_ORDER.index(case.status) if case.status in STATUS_ORDER else len(STATUS_ORDER)
-    return rank, case.id, case.device
+    return rank, id_order(case.id), case.device
 
 
 def git_sha(run: Mapping[str, Any]) -> str | None:
@@ -385,6 +385,28 @@ def _version_rows(device: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def margins_used(report: Report) -> list[float]:
+    """The margins the baseline and ratio gates judged at (fractions): stored between-run noise widens a
+    case's margin past the setting (verdict.py), so the setting alone is not the rule a case was held to."""
+    used = {
+        round(g.threshold - 1.0, 4)
+        for c in report.cases
+        for g in c.gates
+        if g.name in ("baseline", "ratio") and g.threshold is not None and g.threshold > 1.0
+    }
+    return sorted(used)
+
+
+def margin_text(report: Report) -> str:
+    """ "5%", or "5% set; judged at 20.0% (...)" when the gates used other margins than the setting."""
+    configured = ", ".join(f"{m:.0%}" for m in report.margins) or "not recorded"
+    used = margins_used(report)
+    if not used or all(any(abs(u - m) < 5e-4 for m in report.margins) for u in used):
+        return configured
+    judged = f"{used[0]:.1%}" if len(used) == 1 else f"{used[0]:.1%} to {used[-1]:.1%} by case"
+    return f"{configured} set; judged at {judged} (widened by the cases' stored between-run noise)"
+
+
 def environment(report: Report) -> list[tuple[str, str]]:
     """(label, value) of what the numbers belong to: device, versions, the reference's backend, commit.
     One row per device when the file holds several, so no version is shown against the wrong device."""
@@ -400,8 +422,8 @@ def environment(report: Report) -> list[tuple[str, str]]:
         ]
     rows.append(("SDPA backend", ", ".join(report.against_backends()) or "not recorded"))
     rows.append(("git SHA", ", ".join(report.git_shas) or "not recorded in the results file"))
-    if report.margins:
-        rows.append(("margin", ", ".join(f"{m:.0%}" for m in report.margins)))
+    if report.margins or margins_used(report):
+        rows.append(("margin", margin_text(report)))
     if len(report.sources) > 1:
         rows.append(("merged from", ", ".join(report.sources)))
     return rows
@@ -417,4 +439,4 @@ def shape_order(cases: Sequence[Case]) -> list[str]:
     work: dict[str, float] = {}
     for c in cases:
         work[c.shape] = max(work.get(c.shape, 0.0), c.flops or 0.0)
-    return sorted(work, key=lambda s: (work[s], s))
+    return sorted(work, key=lambda s: (work[s], id_order(s)))

@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ from . import integrity, peaks
 from .ab import Twin, base_arguments
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .correctness import CorrectnessReport, Inputs, Oracle, check
-from .device import Disturbances, incomparable, manual_seed
+from .device import Disturbances, incomparable, lock_name, manual_seed
 from .locks import device_lock
 from .marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
 from .record import CaseRecord, Outcome, Status
@@ -129,6 +130,18 @@ _STICKY = (
 )
 
 
+# The plugin's own frames, cut from the front of a variant's traceback so pytest shows the user's code first.
+_OWN_FILES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _from_user_code(exc: BaseException) -> BaseException:
+    """`exc` with the plugin's leading frames dropped from its traceback (all kept when nothing else is left)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_FILES):
+        tb = tb.tb_next
+    return exc if tb is None else exc.with_traceback(tb)
+
+
 def _is_sticky_cuda_error(exc: BaseException) -> bool:
     return any(marker in str(exc) for marker in _STICKY)
 
@@ -179,11 +192,13 @@ class Runner:
         self._clock: Deadline = Deadline(0.0)
         self._stage = "setup"
         self._failure = ""  # the pytest failure message, when the record's outcome is FAILED
+        self._raised: BaseException | None = None  # what a step raised: the item fails with its traceback
         self._waited_s = 0.0  # time spent waiting for the device lock, left out of the case's time
 
     # ------------------------------------------------------------------------------------------ frame
 
     def run(self, case: PerfCase, variant_name: str, factory: Callable[[], Any], params: dict[str, Any]) -> None:
+        __tracebackhide__ = True
         record = CaseRecord(
             id=self.item.nodeid,
             test=getattr(self.item, "originalname", self.item.name),
@@ -194,7 +209,8 @@ class Runner:
             self._clock = clock
             t0 = time.monotonic()
             try:
-                self._steps(record, case, variant_name, factory, params)
+                with self.on_device():
+                    self._steps(record, case, variant_name, factory, params)
             except Exception as exc:
                 self._crashed(record, exc)
             if record.outcome is not Outcome.SKIPPED:
@@ -204,7 +220,15 @@ class Runner:
 
     def _conclude(self, record: CaseRecord) -> None:
         """The one place a record is kept and turned into the item's pass, fail or skip."""
+        __tracebackhide__ = True
         self.state.records.append(record)
+        if record.outcome is Outcome.FAILED and self._raised is not None:
+            # pytest then shows where in the user's kernel it raised, in every --tb style; the table keeps
+            # the short reason.
+            raised, self._raised = _from_user_code(self._raised), None
+            if hasattr(raised, "add_note"):  # Python 3.11+
+                raised.add_note(f"perfguard: {self._failure}")
+            raise raised
         if record.outcome is Outcome.FAILED:
             pytest.fail(self._failure or "; ".join(record.reasons), pytrace=False)
         if record.outcome in (Outcome.SKIPPED, Outcome.NOT_RUN):
@@ -225,6 +249,10 @@ class Runner:
 
     def _crashed(self, record: CaseRecord, exc: BaseException) -> None:
         reason = f"{self._stage} raised {type(exc).__name__}: {exc}"
+        # The traceback is kept to fail the item with (and pytest keeps the last one in sys.last_traceback):
+        # its frames' locals are the case's inputs, graphs and outputs, gigabytes of GPU memory that the next
+        # cases would run out of (two S4096 cases on an H100 did). The lines are kept, the locals dropped.
+        traceback.clear_frames(exc.__traceback__)
         if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
             # Release what the failed case held so the next cases run on a clean allocator.
             gc.collect()
@@ -233,14 +261,33 @@ class Runner:
             reason = f"CUDA out of memory in {self._stage} (inputs {record.workload_desc or '?'}): {exc}"
         record.reasons = [reason]
         self._fail(record, f"{record.variant}: {reason}", Status.ERROR)
+        self._raised = exc
         if _is_sticky_cuda_error(exc):
             # Every later CUDA call in this process fails: the remaining GPU cases are reported as not run,
             # never as regressions, and no baseline is written from this session.
             self.state.poisoned_by = record.id
             record.sticky = True
 
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[None]:
+        """The case's device made current for every step. Streams, graph captures, events and launches
+        that take the current device (Triton's, a bare torch.cuda.synchronize()) would otherwise run on
+        cuda:0 while the tensors live on the worker's own GPU."""
+        if self.state.kind != "cuda" or self.state.poisoned_by:
+            yield  # a poisoned context refuses every CUDA call: the case reports itself not run
+            return
+        # torch.cuda.device, not set_device: switching back never creates a context on the other GPU.
+        guard = torch.cuda.device(torch.device(self.state.settings.device))
+        guard.__enter__()  # type: ignore[no-untyped-call]
+        try:
+            yield
+        finally:
+            with contextlib.suppress(RuntimeError):  # a poisoned context may refuse the switch back
+                guard.__exit__(None, None, None)
+
     def _lock(self, *, exclusive: bool) -> AbstractContextManager[None]:
-        return device_lock(self.state.settings.device, exclusive=exclusive, while_waiting=self._waiting)
+        name = lock_name(self.state.settings.device)
+        return device_lock(name, exclusive=exclusive, while_waiting=self._waiting)
 
     @contextlib.contextmanager
     def _waiting(self) -> Iterator[None]:
@@ -678,6 +725,7 @@ class Runner:
             status = confirmation.status
         elif (
             s.update
+            and s.update_processes <= 1  # more processes are the check: session._process_samples
             and stored is not None
             and stored.workload == record.workload
             and not incomparable(stored.env, record.env or {})

@@ -7,6 +7,7 @@ here raises into pytest's summary hooks: problems become messages and a non-zero
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,21 +20,23 @@ import pytest
 from . import baseline as bl
 from .device import fingerprint
 from .jsonio import JSONFileError
+from .policy import MACHINE_MOVED_SHARE, discord_limit, discordant, prior_spread
+from .policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
+from .policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
 from .record import CaseRecord, Outcome, Status
 from .settings import Settings, shown
-from .verdict import Policy
+from .verdict import MACHINE_MOVED, Policy
 
 if TYPE_CHECKING:
     from .ab import BaseTree
     from .timing import Progress
 
-# Between-run noise floors (sd of ln time across processes), measured per device kind: see
-# benchmarks/results/README.md. CPU: a shared 2-core machine moved absolute times by tens of percent.
-NOISE_FLOOR = {"cuda": 0.005, "cpu": 0.05}
-RATIO_NOISE_FLOOR = {"cuda": 0.005, "cpu": 0.05}
 
 # Verdicts of a timed case that compared it with nothing.
 UNCOMPARED = (Status.NO_BASELINE, Status.NOT_COMPARABLE, Status.NO_BASE, Status.NEW)
+# Verdicts of a timed case that failed before any comparison: a timing the guard did not believe, a crash
+# after timing. They are counted as what they are, never as a case without a baseline entry.
+UNJUDGED = (Status.FLAGGED, Status.ERROR, Status.INCORRECT, Status.TIMEOUT)
 
 
 @dataclass
@@ -56,6 +59,10 @@ class SessionState:
     # The checks' one-time costs, paid before the first case (integrity.warm_up): one entry per process
     # that ran cases (the controller gathers its workers'), reported once and never in a case's checks_s.
     warmups: list[dict[str, float]] = field(default_factory=list)
+    # set by the plugin in the process that writes the baseline: runs case ids, in the given order, in one
+    # fresh process and returns their records (or why there are none). An update's further processes.
+    fresh_cases: Callable[[list[str]], dict[str, CaseRecord] | str] | None = None
+    _prior: tuple[int, tuple[float, float]] | None = field(default=None, repr=False)  # cache of `prior`
 
     @property
     def kind(self) -> str:
@@ -75,7 +82,20 @@ class SessionState:
             noise_floor=self.noise_floor,
             ratio_noise_floor=RATIO_NOISE_FLOOR[self.kind],
             confirm=self.settings.confirm and not in_child(),  # as confirm.confirm_regression decides
+            prior_spread=self.prior[0],
+            prior_ratio_spread=self.prior[1],
         )
+
+    @property
+    def prior(self) -> tuple[float, float]:
+        """The baseline file's typical between-process spreads of time and ratio (policy.prior_spread)."""
+        key = id(self.baseline)
+        if self._prior is None or self._prior[0] != key:
+            cases = self.baseline.cases.values() if self.baseline is not None else ()
+            entries = [e for e in cases if e.runs >= 2]
+            spreads = (prior_spread([e.noise for e in entries]), prior_spread([e.ratio_noise for e in entries]))
+            self._prior = (key, spreads)
+        return self._prior[1]
 
 
 def make_state(settings: Settings, rootdir: Path | None = None) -> SessionState:
@@ -98,23 +118,46 @@ def baseline_file(state: SessionState) -> Path:
     return state.settings.baseline_dir / f"{state.device_info['slug']}.json"
 
 
-def entry_of(r: CaseRecord, noise: float) -> bl.BaselineEntry:
-    """The baseline entry an update run makes of a timed record."""
+def sample_of(r: CaseRecord, device: str = "") -> bl.ProcessSample:
+    """What one process measured of a case, as a baseline entry keeps it."""
+    assert r.median_ns is not None and r.ci_ns is not None
+    ratio = float(r.ratio) if r.ratio is not None else None
+    return bl.ProcessSample(
+        median_ns=float(r.median_ns),
+        ci_ns=(min(float(r.ci_ns[0]), float(r.median_ns)), max(float(r.ci_ns[1]), float(r.median_ns))),
+        ratio=ratio,
+        against_ns=float(r.median_ns) / ratio if ratio else None,
+        device=device,
+        date=str(r.updated or date.today().isoformat()),
+        blocks=int(r.blocks or 0),
+    )
+
+
+def entry_of(
+    r: CaseRecord, noise: float, samples: list[bl.ProcessSample] | None = None, unstable: bool = False
+) -> bl.BaselineEntry:
+    """The baseline entry an update makes of a timed record and the samples of its processes (by default
+    the record's own process alone)."""
     assert r.median_ns is not None and r.ci_ns is not None and r.workload is not None
-    return bl.BaselineEntry(
-        case_id=r.id,
+    return bl.BaselineEntry.from_samples(
+        r.id,
+        samples if samples else [sample_of(r)],
         workload=r.workload,
         workload_desc=r.workload_desc or "",
         env={k: str(v) for k, v in (r.env or {}).items()},
-        median_ns=float(r.median_ns),
-        ci_ns=(float(r.ci_ns[0]), float(r.ci_ns[1])),
-        ratio=float(r.ratio) if r.ratio is not None else None,
-        ratio_ci=(float(r.ratio_ci[0]), float(r.ratio_ci[1])) if r.ratio_ci else None,
-        noise=noise,
-        runs=1,
-        blocks=int(r.blocks or 0),
         updated=str(r.updated or date.today().isoformat()),
+        noise=noise,
+        unstable=unstable,
     )
+
+
+def device_id(state: SessionState) -> str:
+    """What a process sample names its device by: the GPU's UUID, or the host's CPU model."""
+    if state.kind == "cuda":
+        from .device import lock_name
+
+        return lock_name(state.settings.device).removeprefix("gpu-")
+    return str(state.device_info.get("name") or "")
 
 
 def _recordable(r: CaseRecord) -> bool:
@@ -190,7 +233,12 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
     against = "base revision" if s.against else "baseline"
     gate = "ab" if s.against else "baseline"
     not_compared: Counter[str] = Counter()
+    unjudged = 0
     for r in timed:
+        if r.verdict in UNJUDGED:
+            not_compared[str(r.verdict)] += 1
+            unjudged += 1
+            continue
         g = r.gate(gate)
         status = Status(g["status"]) if g is not None else Status.NO_BASELINE
         if status in UNCOMPARED:
@@ -200,8 +248,30 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
     if not_compared:
         line += "; not compared: " + ", ".join(f"{n} {why}" for why, n in sorted(not_compared.items()))
     out.messages.append(line)
-    if compared or not s.enabled:
-        return
+    stored = state.baseline.cases if state.baseline is not None and not s.against else {}
+    thin = [r.id for r in timed if (e := stored.get(r.id)) is not None and e.runs < 2]
+    if thin:
+        out.messages.append(
+            f"perfguard: {len(thin)} stored case(s) rest on one process, a thin baseline: their between-process "
+            "spread is unknown, so their threshold falls back to 4x the stored noise; record a sample of "
+            "several processes with pytest --perfguard-update-baseline"
+        )
+    moved = [r for r in timed if MACHINE_MOVED in str((r.gate("baseline") or {}).get("reason") or "")]
+    if moved and not s.against:
+        many = len(moved) > MACHINE_MOVED_SHARE * len(timed)
+        out.messages.append(
+            f"perfguard: in {len(moved)} of {len(timed)} timed case(s) the reference moved past the threshold with "
+            "the case: the machine, not the code, moved; their time gates are not comparable and their ratio "
+            "gates decided"
+            + (
+                ". That is more than a quarter of the cases: compare on like machines, or record the baseline on "
+                "this one"
+                if many
+                else ""
+            )
+        )
+    if compared or not s.enabled or unjudged == len(timed):
+        return  # cases that failed on their own are not a missing baseline: their failures say why
     if s.against:
         where = f"the base revision {s.against}"
         fix = "check the revision and the case ids (the reasons above say why each case has no base)"
@@ -302,9 +372,17 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
     good = [r for r in timed if _recordable(r)]
     held = [r.id for r in timed if r.baseline_hold]
     bad = [r.id for r in timed if not _recordable(r) and not r.baseline_hold]
-    entries = {r.id: entry_of(r, state.noise_floor) for r in good}
     if not _baseline_folder(state, out):
         return
+    sampled = _process_samples(state, good, out)
+    if sampled is None:
+        return
+    samples, unstable = sampled
+    entries = {
+        r.id: entry_of(r, state.noise_floor, samples[r.id], unstable=r.id in unstable)
+        for r in good
+        if samples.get(r.id)
+    }
     try:
         summary = bl.update_baseline(
             path,
@@ -317,12 +395,15 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
     except (bl.BaselineError, OSError, ValueError) as exc:
         out.errors.append(f"perfguard: baseline not written: {exc}")
         return
+    processes = max(1, s.update_processes)
     out.messages.append(
         f"perfguard: baseline {shown(path)}: {len(summary.added)} added, {len(summary.updated)} updated "
-        f"(between-run noise folded in), {len(summary.reset)} reset (workload, environment or time changed by more "
-        f"than the case's threshold, at least the {s.margin:.0%} margin: a new kernel, whose noise is measured "
-        f"afresh), {summary.kept} kept"
+        f"(this update's processes joined the stored ones), {len(summary.reset)} reset (workload, environment or "
+        f"time changed by more than the case's threshold, at least the {s.margin:.0%} margin: a new kernel, "
+        f"whose spread is measured afresh), {summary.kept} kept; each case measured in {processes} process(es)"
+        + (f"; {len(unstable)} unstable (see above)" if unstable else "")
     )
+    _say_wide_entries(state, path, [r.id for r in good], out)
     if bad:
         out.messages.append(
             f"perfguard: {len(bad)} timed case(s) not recorded (failed or disturbed): {', '.join(bad[:5])}"
@@ -334,6 +415,136 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
         )
     if collected_ids is not None:
         _prune_or_report_stale(state, path, collected_ids, out)
+
+
+def _usable(r: CaseRecord | None) -> bool:
+    return r is not None and r.median_ns is not None and r.ci_ns is not None and _recordable(r)
+
+
+def _process_samples(
+    state: SessionState, good: list[CaseRecord], out: RunSummary
+) -> tuple[dict[str, list[bl.ProcessSample]], set[str]] | None:
+    """Every recordable case measured in ``update_processes`` processes: this one, then fresh ones, in
+    reverse and forward order by turns, so that a slow first process or a drifting machine cannot bias one
+    case. A case whose process medians disagree beyond its own spread (policy.discordant) is measured once
+    more, all such cases together in one fresh process; the new median replaces the discordant ones when
+    it agrees with the rest, and otherwise the case is stored as unstable. Returns the samples per case
+    and the unstable ids; None (with an error) when a process could not be run at all."""
+    s = state.settings
+    dev = device_id(state)
+    samples = {r.id: [sample_of(r, dev)] for r in good}
+    widths = {r.id: [r.ci_rel or 0.0] for r in good}
+    extra = max(0, s.update_processes - 1)
+    if not good or extra == 0 or state.fresh_cases is None:
+        return samples, set()
+    ids = [r.id for r in good]
+    missing: set[str] = set()
+
+    def one_process(order: list[str], what: str) -> dict[str, CaseRecord] | None:
+        print(f"perfguard: {what}: {len(order)} case(s)", file=sys.stderr, flush=True)
+        assert state.fresh_cases is not None
+        got = state.fresh_cases(order)
+        if isinstance(got, str):
+            out.errors.append(f"perfguard: no baseline written: the {what} failed: {got}")
+            return None
+        return got
+
+    for n in range(extra):
+        order = ids[::-1] if n % 2 == 0 else ids
+        got = one_process(
+            order, f"update process {n + 2} of {s.update_processes} ({'reverse' if n % 2 == 0 else 'forward'} order)"
+        )
+        if got is None:
+            return None
+        for case_id in ids:
+            rec = got.get(case_id)
+            if rec is not None and _usable(rec):
+                samples[case_id].append(sample_of(rec, dev))
+                widths[case_id].append(rec.ci_rel or 0.0)
+            else:
+                missing.add(case_id)
+    margin, floor = s.margin, state.noise_floor
+    limits = {case_id: discord_limit(margin, floor, widths[case_id]) for case_id in ids}
+    odd = {
+        case_id: bad for case_id in ids if (bad := discordant([x.median_ns for x in samples[case_id]], limits[case_id]))
+    }
+    unstable: set[str] = set()
+    if odd:
+        got = one_process(list(odd), "re-measurement of the cases whose processes disagreed")
+        if got is None:
+            return None
+        for case_id, bad in odd.items():
+            rec = got.get(case_id)
+            kept = [x for i, x in enumerate(samples[case_id]) if i not in bad]
+            if rec is not None and _usable(rec):
+                again = [*kept, sample_of(rec, dev)]
+                if len(again) >= 2 and not discordant([x.median_ns for x in again], limits[case_id]):
+                    samples[case_id] = again
+                    continue
+                samples[case_id].append(sample_of(rec, dev))
+            unstable.add(case_id)
+        fixed = len(odd) - len(unstable)
+        out.messages.append(
+            f"perfguard: {len(odd)} case(s) had a process median apart from the others; measured once more, "
+            f"{fixed} agreed (the odd process was dropped) and {len(unstable)} stayed unstable"
+            + (f": {', '.join(sorted(unstable)[:5])}{' ...' if len(unstable) > 5 else ''}" if unstable else "")
+            + (
+                " (stored with unstable: true; the guard calls them inconclusive until they are re-recorded "
+                "on a quiet machine)"
+                if unstable
+                else ""
+            )
+        )
+    if missing:
+        out.messages.append(
+            f"perfguard: {len(missing)} case(s) were not recorded by every process (failed or disturbed there); "
+            f"they keep the samples they have: {', '.join(sorted(missing)[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
+    return samples, unstable
+
+
+# A stored interval wider than this (a fraction, each side) or a case margin wider than WIDE_MARGIN makes a
+# baseline that catches only gross slowdowns: the update says so, naming the cases.
+WIDE_INTERVAL = 0.25
+WIDE_MARGIN = 0.5
+
+
+def _say_wide_entries(state: SessionState, path: Path, ids: list[str], out: RunSummary) -> None:
+    """Say when the stored cases will be judged at a wider margin than the setting (their between-run
+    noise widens it), and warn of those stored with a very wide interval or margin: later verdicts on
+    them are mostly inconclusive or blind, and nothing else would tell the user why."""
+    try:
+        stored = bl.read_baseline(path).cases
+    except bl.BaselineError:
+        return
+    policy, margin = state.policy(), state.settings.margin
+    widened: Counter[float] = Counter()
+    wide: list[tuple[float, str, float, float]] = []
+    for case_id in ids:
+        entry = stored.get(case_id)
+        if entry is None or entry.median_ns <= 0:
+            continue
+        used = policy.baseline_delta(entry)
+        if used > margin + 5e-4:
+            widened[round(used, 3)] += 1
+        half = max(entry.median_ns - entry.ci_ns[0], entry.ci_ns[1] - entry.median_ns) / entry.median_ns
+        if half > WIDE_INTERVAL or used > WIDE_MARGIN:
+            wide.append((max(half, used), case_id, half, used))
+    if widened:
+        parts = ", ".join(f"{n} at {m:.1%}" for m, n in sorted(widened.items()))
+        out.messages.append(
+            f"perfguard: the gates will judge {sum(widened.values())} stored case(s) at a wider margin than the "
+            f"{margin:.0%} set, widened by their between-run noise: {parts}"
+        )
+    if wide:
+        wide.sort(reverse=True)
+        listed = ", ".join(f"{case_id} (±{half:.0%}, margin {used:.0%})" for _, case_id, half, used in wide[:5])
+        out.messages.append(
+            f"perfguard: warning: {len(wide)} case(s) stored with an interval wider than ±{WIDE_INTERVAL:.0%} or a "
+            f"margin wider than {WIDE_MARGIN:.0%}: their verdicts will mostly be inconclusive, and only a slowdown "
+            f"larger than that can fail them: {listed}{' ...' if len(wide) > 5 else ''}; re-record them on a quiet "
+            "machine or with a longer --perfguard-case-budget"
+        )
 
 
 def _prune_or_report_stale(state: SessionState, path: Path, collected_ids: set[str], out: RunSummary) -> None:

@@ -59,6 +59,11 @@ def _positive(value: float) -> None:
         raise ValueError("expected a positive number of seconds")
 
 
+def _at_least_one(value: int) -> None:
+    if value < 1:
+        raise ValueError("expected a whole number of at least 1")
+
+
 def _device(value: str) -> None:
     if not (value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit())):
         raise ValueError("expected auto, cpu, cuda or cuda:N")
@@ -116,6 +121,14 @@ SPECS: tuple[Spec, ...] = (
         flag="--perfguard-update-baseline",
     ),
     Spec(
+        "update_processes",
+        "int",
+        3,
+        "with --perfguard-update-baseline: measure every case in this many processes (this one and fresh "
+        "ones, in alternating order) and store their medians as the case's sample",
+        _at_least_one,
+    ),
+    Spec(
         "prune",
         "bool",
         False,
@@ -149,7 +162,7 @@ SPECS: tuple[Spec, ...] = (
         "float",
         AB_PROCESS_SD,
         "sd of the offset each process adds to a head/base ratio, which the A/B gate's MDE and stop rule count "
-        "(fitted on H100s; fit yours from A/A runs with benchmarks/ab_campaign.py --summarize)",
+        "(fitted on H100s; for another GPU fit it from A/A runs, as docs/design.md describes)",
         _spread,
     ),
     Spec(
@@ -159,12 +172,20 @@ SPECS: tuple[Spec, ...] = (
         "the same for cases under 20 us",
         _spread,
     ),
+    Spec(
+        "cache_days",
+        "float",
+        30.0,
+        "days a base revision's tree stays in the A/B cache ($PERFGUARD_CACHE_DIR) unused before it is "
+        "removed; 0 = never",
+    ),
     Spec("baseline_dir", "path", ".ci/baselines", "folder of the per-device baseline JSON files"),
     Spec(
         "margin",
         "float",
         DEFAULT_MARGIN,
-        "regression margin of the baseline and ratio gates; never below 4x the stored between-run noise",
+        "regression margin of the baseline and ratio gates; a case's threshold is never below the prediction "
+        "bound of its stored processes' spread",
         _fraction,
     ),
     Spec(
@@ -213,6 +234,7 @@ class Settings:
 
     enabled: bool = False
     update: bool = False
+    update_processes: int = 3
     prune: bool = False
     seed: int | None = None
     against: str | None = None
@@ -220,6 +242,7 @@ class Settings:
     ab_small_margin: float = DEFAULT_AB_SMALL_MARGIN
     ab_process_sd: float = AB_PROCESS_SD
     ab_small_process_sd: float = AB_SMALL_PROCESS_SD
+    cache_days: float = 30.0
     baseline_dir: Path = Path(".ci/baselines")
     margin: float = DEFAULT_MARGIN
     ci_target: float = 0.01
@@ -292,9 +315,15 @@ def convert(raw: Any, spec: Spec) -> Any:
         raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
     value: Any
     if spec.kind == "int":
-        value = int(raw)
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError("expected a whole number") from None
     elif spec.kind == "float":
-        value = float(raw)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"expected a number such as {spec.default!r}") from None
         if not value >= 0 or value == float("inf"):
             raise ValueError("expected a finite number >= 0")
     elif spec.kind == "path":
@@ -310,22 +339,24 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("perfguard", "correctness and performance guard for kernels")
     for spec in SPECS:
         where = "" if spec.cli_only else f" (env {spec.env}, ini {spec.ini})"
+        # argparse %-formats every help string: a bare "95% CI" broke `pytest --help`, so escape them all here.
+        help_text = spec.help.replace("%", "%%")
         if spec.kind == "int":
-            group.addoption(spec.option, dest=spec.dest, default=None, type=int, metavar="N", help=spec.help)
+            group.addoption(spec.option, dest=spec.dest, default=None, type=int, metavar="N", help=help_text)
         elif spec.kind == "bool" and spec.default is True:
             group.addoption(
-                spec.option, action="store_false", dest=spec.dest, default=None, help=f"do not {spec.help}{where}"
+                spec.option, action="store_false", dest=spec.dest, default=None, help=f"do not {help_text}{where}"
             )
         elif spec.kind == "bool":
-            group.addoption(spec.option, action="store_true", dest=spec.dest, default=None, help=spec.help + where)
+            group.addoption(spec.option, action="store_true", dest=spec.dest, default=None, help=help_text + where)
         else:
-            shown = "none" if spec.default is None else spec.default
+            shown = "none" if spec.default is None else str(spec.default).replace("%", "%%")
             group.addoption(
                 spec.option,
                 dest=spec.dest,
                 default=None,
                 metavar=spec.name.upper(),
-                help=f"{spec.help}{where}; default {shown}",
+                help=f"{help_text}{where}; default {shown}",
             )
         if not spec.cli_only:
             if spec.kind == "bool":
@@ -362,7 +393,9 @@ def resolve(config: pytest.Config, spec: Spec) -> Any:
         try:
             value = convert(raw, spec)
         except ValueError as exc:
-            raise pytest.UsageError(f"Invalid value {raw!r} from {source}: {exc}") from None
+            raise pytest.UsageError(
+                f"Invalid value {raw!r} from {source}, the perfguard setting {spec.name} ({spec.help}): {exc}"
+            ) from None
     if isinstance(value, Path) and not value.is_absolute() and folder is not None:
         value = folder / value
     return value
@@ -387,6 +420,41 @@ def from_config(config: pytest.Config) -> Settings:
     settings.device = wanted  # "auto" until the plugin resolves it
     settings.explicit = explicit
     return settings
+
+
+def _git_top(folder: Path) -> Path | None:
+    """The top of the git work tree that holds `folder` (a `.git` folder or file), or None."""
+    for candidate in (folder, *folder.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
+def rootdir_mistake(config: pytest.Config) -> str | None:
+    """A path option written with a space (`--perfguard-json /tmp/r.json`) whose file exists: pytest picks
+    its rootdir before it knows the plugin's options, so it took the path for a test path and may have
+    moved the rootdir out of the project, and with it the default baseline folder and every case id."""
+    args = [str(a) for a in config.invocation_params.args]
+    if any(a == "--rootdir" or a.startswith("--rootdir=") for a in args):
+        return None  # the user chose it
+    invoked, root = Path(config.invocation_params.dir).resolve(), Path(config.rootpath).resolve()
+    top = _git_top(invoked)
+    inside = (root == top or top in root.parents) if top is not None else (root == invoked or root in invoked.parents)
+    if inside:
+        return None
+    for spec in SPECS:
+        if spec.kind != "path" or spec.option not in args[:-1]:
+            continue
+        value = args[args.index(spec.option) + 1]
+        path = (invoked / value).resolve()
+        if path.exists() and (root == path or root in path.parents):
+            project = f"this git repository ({top})" if top is not None else f"the folder pytest ran in ({invoked})"
+            return (
+                f"perfguard: pytest chose the rootdir {root}, outside {project}, because it read "
+                f"`{spec.option} {value}` (with a space) as a test path when it picked the rootdir; the baseline "
+                f"folder and the case ids would follow it. Write {spec.option}={value} (with '=') instead."
+            )
+    return None
 
 
 def options_table() -> str:

@@ -36,6 +36,51 @@ def normal_sf(x: float) -> float:
     return 0.5 * math.erfc(x / math.sqrt(2.0))
 
 
+def t_cdf(x: float, df: int) -> float:
+    """P(T <= x) for Student's t with an integer number of degrees of freedom (Abramowitz and Stegun
+    26.7.3-4: a finite series in cos(theta), exact for integer df)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be at least 1, got {df}")
+    theta = math.atan(abs(x) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd
+        series, term = 0.0, 1.0
+        if df > 1:
+            series = 1.0
+            for j in range(1, (df - 3) // 2 + 1):
+                term *= c2 * (2 * j) / (2 * j + 1)
+                series += term
+            series *= math.sin(theta) * math.cos(theta)
+        a = 2.0 / math.pi * (theta + series)
+    else:
+        series, term = 1.0, 1.0
+        for j in range(1, (df - 2) // 2 + 1):
+            term *= c2 * (2 * j - 1) / (2 * j)
+            series += term
+        a = math.sin(theta) * series
+    half = 0.5 * min(1.0, max(0.0, a))
+    return 0.5 + half if x >= 0 else 0.5 - half
+
+
+@lru_cache(maxsize=256)
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile at ``p`` in (0, 1), by bisection on t_cdf (no scipy at run time: see above)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be between 0 and 1, got {p}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
 @dataclass(frozen=True)
 class Interval:
     """A point estimate with a two-sided confidence interval, all on the same scale."""

@@ -119,32 +119,39 @@ class _CudaGraphSample:
         self._timer = timer
         self._flush = flush
         self.reps = max(1, len(calls))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
-            for call in calls:
-                call()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
-            for call in calls:
-                call()
-        torch.cuda.synchronize()
+        dev = self._device = timer.device
+        # torch.cuda.graph takes its capture stream and memory pool from the current device, and a call
+        # may launch on the current device (Triton): the timer's device is current for all of it.
+        with torch.cuda.device(dev):
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
+                for call in calls:
+                    call()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            torch.cuda.synchronize(dev)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                for call in calls:
+                    call()
+            torch.cuda.synchronize(dev)
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
 
     def __call__(self) -> SampleTime:
         import torch
 
+        dev = self._device
         if self._flush:
             self._timer.flush_l2()
-        torch.cuda.synchronize()  # the flush stays out of the wall-clock reading
+        torch.cuda.synchronize(dev)  # the flush stays out of the wall-clock reading
+        # The replay launches on its capture device's current stream: the events are recorded there too.
+        stream = torch.cuda.current_stream(dev)
         t0 = time.perf_counter_ns()
-        self._start.record()
+        self._start.record(stream)
         self._graph.replay()
-        self._end.record()
-        torch.cuda.synchronize()  # device-wide: work on any stream ends before the wall clock stops
+        self._end.record(stream)
+        torch.cuda.synchronize(dev)  # device-wide: work on any stream ends before the wall clock stops
         wall = float(time.perf_counter_ns() - t0)
         device = self._start.elapsed_time(self._end) * 1e6
         return SampleTime(device / self.reps, wall / self.reps, wall - device)
@@ -169,17 +176,19 @@ class _CudaStreamSample:
     def __call__(self) -> SampleTime:
         import torch
 
+        dev = self._timer.device
         self._timer.flush_l2()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        self._pre.record()  # the spin is device time the wall clock sees: the gap counts from here
-        torch.cuda._sleep(self._timer.spin_cycles)
-        self._start.record()
-        for call in self._calls:
-            call()
-        self._end.record()
-        torch.cuda.synchronize()
-        wall = float(time.perf_counter_ns() - t0)
+        with torch.cuda.device(dev):  # the spin kernel and the calls launch on the current device
+            torch.cuda.synchronize(dev)
+            t0 = time.perf_counter_ns()
+            self._pre.record()  # the spin is device time the wall clock sees: the gap counts from here
+            torch.cuda._sleep(self._timer.spin_cycles)
+            self._start.record()
+            for call in self._calls:
+                call()
+            self._end.record()
+            torch.cuda.synchronize(dev)
+            wall = float(time.perf_counter_ns() - t0)
         device = self._start.elapsed_time(self._end) * 1e6
         covered = self._pre.elapsed_time(self._end) * 1e6
         return SampleTime(device / self.reps, wall / self.reps, wall - covered)
@@ -220,7 +229,7 @@ class CudaTimer:
             except Exception as exc:  # capture is best effort: host syncs or CPU work inside a call break it
                 import torch
 
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(self.device)
                 error = f"{type(exc).__name__}: {exc}"
                 self.capture_errors.append(error)
                 self._end_aborted_capture()
@@ -235,11 +244,11 @@ class CudaTimer:
         one = torch.zeros(1, device=self.device)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.device(self.device), torch.cuda.graph(graph):  # the aborted capture's device
                 one.add_(1)  # a real kernel: an empty capture only warns
         except Exception as exc:  # the fallback still times the case; say why later draws may fail
             self.capture_errors.append(f"could not close the aborted capture: {type(exc).__name__}: {exc}")
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
 
     def now_ns(self) -> int:
         return time.perf_counter_ns()
@@ -263,11 +272,12 @@ class CudaTimer:
 
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
+        with torch.cuda.device(self.device):  # the events and the call's launches on the timer's device
+            torch.cuda.synchronize(self.device)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
         return float(start.elapsed_time(end) * 1e6)
 
 
@@ -369,6 +379,39 @@ def choose_reps(single_ns: float, cfg: MeasureConfig, bytes_per_copy: int) -> in
     return int(max(1, min(want, cfg.max_reps, mem_cap)))
 
 
+def refine_reps(
+    makers: dict[str, Callable[[int], Call]],
+    timer: Timer,
+    cfg: MeasureConfig,
+    reps: int,
+    single_ns: float,
+    bytes_per_copy: int,
+    rounds: int = 3,
+) -> tuple[int, float]:
+    """Re-choose `reps` from replays of a sample, not from one launch on an idle queue.
+
+    One launch on an idle queue reads the host's launch latency, and on a freshly started machine or in a
+    process's first cases that latency is several times the kernel's time: the engine then put 1-3 calls
+    in a sample instead of the 25 it meant to, each sample measured a replay's fixed cost, and cases
+    read 1.1-1.8x slow in that process alone (benchmarks/results/fresh_machine_2026-11-25). The time per
+    call of a replayed sample is the kernel's own, so reps grows until a sample fills min_sample_ns.
+    """
+    for _ in range(rounds):
+        per_call = 0.0
+        for make in makers.values():
+            sample = timer.prepare([make(i) for i in range(reps)])
+            per_call = max(per_call, min(sample().device_ns for _ in range(3)))
+            del sample  # its graph and memory pool go before the next side's capture
+        if per_call <= 0:
+            break
+        single_ns = per_call
+        wanted = choose_reps(per_call, cfg, bytes_per_copy)
+        if wanted <= reps:
+            break
+        reps = wanted
+    return reps, single_ns
+
+
 def _intervals(v: list[float], a: list[float] | None, confidence: float) -> tuple[Interval, Interval | None]:
     log_t = log_interval(v, confidence)
     if a is None:
@@ -436,6 +479,10 @@ def measure(
             call()
     single = max(min(timer.single_call_ns(call) for _ in range(3)) for call in firsts.values())
     reps = copies if copies is not None else choose_reps(single, cfg, bytes_per_copy)
+    if copies is None and timer.kind == "cuda" and single < cfg.min_sample_ns:
+        # Only a call shorter than a sample can be misread by launch latency; a long one's graphs would
+        # only hold memory (a large case's A/B sides ran out of it on an H100).
+        reps, single = refine_reps(makers, timer, cfg, reps, single, bytes_per_copy)
     every = cfg.recapture_every if base is not None else 0
     min_blocks = max(cfg.min_blocks, cfg.min_groups * every) if every else cfg.min_blocks
     # Slow calls get fewer samples per block, so min_blocks blocks still fit the budget where possible.

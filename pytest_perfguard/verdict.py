@@ -4,10 +4,11 @@ For a gate with threshold tau = ln(1 + delta) on the log scale:
   REGRESSED     the interval's lower bound is above tau (slower by more than the margin, confidently);
   PASS          the upper bound is below tau (FASTER when it is even below -tau);
   INCONCLUSIVE  the interval straddles tau: measure more, then say so.
-delta is the configured margin, but never less than K = 4 times the between-run noise that the baseline
-carries: within-run samples cannot shrink that noise. The difference of two runs has sqrt(2) times their
-sd, so K = 4 is a 2.8-sigma threshold: about 0.23% per gate per case when the stored noise sets it and the
-noise is Gaussian. Measured between-run spreads are heavier-tailed than that (see
+delta is the configured margin, but never less than the prediction bound of the baseline's sample of process
+medians (policy.sample_threshold: t(k-1, 0.99) * spread * sqrt(1 + 1/k)), or, for a one-process entry, K = 4
+times its stored noise: within-run samples cannot shrink the between-process noise. The difference of two runs
+has sqrt(2) times their sd, so K = 4 is a 2.8-sigma threshold: about 0.23% per gate per case when the stored
+noise sets it and the noise is Gaussian. Measured between-run spreads are heavier-tailed than that (see
 benchmarks/results/h200_2026-11-21), which is why the default margin (5%) sits above the noise floor.
 
 Failing decisions use an interval widened for the number of timed cases (Bonferroni: each case at
@@ -15,16 +16,16 @@ alpha / m). That controls the family-wise rate of the within-run sampling error 
 drift, which dominates on a GPU once a case has measured for 0.3 s, is handled by the margin, not by the
 correction. The reported intervals stay at 95%.
 
-Each baseline and ratio gate also reports its minimum detectable effect (MDE): the smallest true slowdown
-it catches with 95% probability. With h the decision half-width below the estimate, the sampling sd is
-s = h / z (z the decision interval's normal quantile) and the between-run sd of a new run against a centre
-of k update runs is b = noise * sqrt(1 + 1/k), k capped at the centre's window of 8. A true log slowdown x
+Each baseline and ratio gate also reports its minimum detectable effect (MDE): the smallest true slowdown it
+catches with 95% probability. With h the decision half-width below the estimate, the sampling sd is s = h / z
+(z the decision interval's normal quantile) and the between-run sd of a new run against a centre of k update
+runs is b = noise * sqrt(1 + 1/k), k the stored processes (at most policy.MAX_SAMPLES). A true log slowdown x
 is flagged when its estimate exceeds tau + h, so P(flag) = Phi((x - tau - h) / sqrt(s^2 + b^2)); with the
-fresh-process confirmation a case must be flagged twice, P(flag)^2, so the power is solved at sqrt(0.95).
-MDE = expm1(tau + h + Phi^-1(power) * sqrt(s^2 + b^2)). The A/B gate has no stored centre; its b is the
-offset each process adds to a head/base ratio (settings.AB_PROCESS_SD). It is a model (Gaussian drift,
-independent processes), not a measurement: it tells a case that cannot see a 5% slowdown from one that can. A case's
-MDE is its best gate's (case_mde): either gate fails the case.
+fresh-process confirmation a case must be flagged twice, P(flag)^2, so the power is solved at sqrt(0.95). MDE
+= expm1(tau + h + Phi^-1(power) * sqrt(s^2 + b^2)). The A/B gate has no stored centre; its b is the offset
+each process adds to a head/base ratio (settings.AB_PROCESS_SD). It is a model (Gaussian drift, independent
+processes), not a measurement: it tells a case that cannot see a 5% slowdown from one that can. A case's MDE
+is its best gate's (case_mde): either gate fails the case.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .baseline import CENTER_WINDOW, NOISE_K, BaselineEntry, case_threshold
+from .baseline import BaselineEntry
+from .policy import MAX_SAMPLES, NOISE_K, case_threshold, sample_threshold
 from .record import Status
 from .settings import DEFAULT_MARGIN
 from .stats import Interval, combine_difference, log_interval, normal_quantile
@@ -69,6 +71,10 @@ class Policy:
     ratio_noise_floor: float = 0.0
     confirm: bool = False  # a regression must repeat in a fresh process: the MDE needs two detections
     noise_k: float = NOISE_K  # the threshold is at least noise_k times the stored between-run noise
+    # the typical between-process sd of the baseline file's sampled entries (policy.prior_spread): each
+    # case's own spread is moderated by it (policy.moderated_spread)
+    prior_spread: float = 0.0
+    prior_ratio_spread: float = 0.0
 
     @property
     def decision_confidence(self) -> float:
@@ -81,6 +87,23 @@ class Policy:
         """The in-run ratio cancels machine-to-machine drift but not a kernel's own run-to-run spread
         (autotuning, placement), which the stored noise carries."""
         return case_threshold(self.margin, noise, self.ratio_noise_floor, self.noise_k)
+
+    def baseline_delta(self, entry: BaselineEntry) -> float:
+        """The time gate's threshold against a stored sample: its prediction bound, never below the margin."""
+        return sample_threshold(
+            self.margin, entry.noise, entry.runs, self.noise_floor, self.noise_k, prior=self.prior_spread
+        )
+
+    def ratio_baseline_delta(self, entry: BaselineEntry) -> float:
+        """The ratio gate's threshold: the prediction bound of the stored ratios' own spread."""
+        return sample_threshold(
+            self.margin,
+            entry.ratio_noise,
+            entry.runs,
+            self.ratio_noise_floor,
+            self.noise_k,
+            prior=self.prior_ratio_spread,
+        )
 
 
 @dataclass
@@ -174,7 +197,7 @@ def minimum_detectable_effect(
         return None
     h = dec.estimate - dec.lo
     s = h / normal_quantile(0.5 + dec.confidence / 2)
-    b = math.hypot(noise * math.sqrt(1.0 + 1.0 / min(max(runs, 1), CENTER_WINDOW)), process_sd)
+    b = math.hypot(noise * math.sqrt(1.0 + 1.0 / min(max(runs, 1), MAX_SAMPLES)), process_sd)
     p = math.sqrt(power) if confirm else power
     return math.expm1(tau + h + normal_quantile(p) * math.hypot(s, b))
 
@@ -290,30 +313,71 @@ def decide(
                 + "; if the change is intended, re-baseline with pytest --perfguard-update-baseline",
             )
         )
+    elif stored.unstable:
+        times = ", ".join(f"{x.median_ns / 1e3:.2f}" for x in stored.samples)
+        verdict.gates.append(
+            Gate(
+                "baseline",
+                INCONCLUSIVE,
+                reason=f"inconclusive: unstable baseline (its {stored.runs} update processes disagreed beyond the "
+                f"case's own spread: {times} us); re-record it on a quiet machine with pytest "
+                "--perfguard-update-baseline",
+            )
+        )
     else:
-        tau = math.log1p(policy.delta(stored.noise))
+        # A sample of k >= 2 processes: the prediction bound in the threshold already counts the centre's
+        # own uncertainty (its 1/k term), so the decision does not widen by the stored interval again.
+        sampled = stored.runs >= 2
+        tau = math.log1p(policy.baseline_delta(stored))
         base = math.log(stored.median_ns)
         shown = combine_difference(log_t, base, _stored_log_half_width(stored.median_ns, stored.ci_ns))
-        dec = decision_interval(log_t_dec, stored.median_ns, stored.ci_ns)
+        dec = decision_interval(log_t_dec, stored.median_ns, None if sampled else stored.ci_ns)
         gate = _judge("baseline", dec, shown, tau, "time vs baseline")
         gate.mde = minimum_detectable_effect(
             dec, tau, max(stored.noise, policy.noise_floor), stored.runs, confirm=policy.confirm
         )
+        if against_blocks is not None:
+            _machine_moved(gate, against_blocks, stored, tau, conf)
         verdict.gates.append(gate)
         if log_r is not None and log_r_dec is not None and stored.ratio is not None:
             shown_r = combine_difference(
                 log_r, math.log(stored.ratio), _stored_log_half_width(stored.ratio, stored.ratio_ci)
             )
-            dec_r = decision_interval(log_r_dec, stored.ratio, stored.ratio_ci)
-            tau_r = math.log1p(policy.ratio_delta(stored.noise))
+            dec_r = decision_interval(log_r_dec, stored.ratio, None if sampled else stored.ratio_ci)
+            tau_r = math.log1p(policy.ratio_baseline_delta(stored))
             gate_r = _judge("ratio", dec_r, shown_r, tau_r, "ratio vs baseline ratio")
             gate_r.mde = minimum_detectable_effect(
-                dec_r, tau_r, max(stored.noise, policy.ratio_noise_floor), stored.runs, confirm=policy.confirm
+                dec_r, tau_r, max(stored.ratio_noise, policy.ratio_noise_floor), stored.runs, confirm=policy.confirm
             )
             verdict.gates.append(gate_r)
     if max_ratio is not None and log_r is not None and log_r_dec is not None:
         verdict.gates.append(_max_ratio_gate(log_r, log_r_dec, max_ratio))
     return verdict
+
+
+MACHINE_MOVED = "the reference moved"  # in the reason of a time gate the machine made not comparable
+
+
+def _machine_moved(gate: Gate, against_blocks: Sequence[float], stored: BaselineEntry, tau: float, conf: float) -> None:
+    """A time gate that failed (or called the case faster) while the reference timed in the same blocks
+    moved past the same threshold, the same way, is the machine, not the code: another host of the same
+    model, or this one in another state (a baseline recorded on one H100 and guarded on another read small
+    SDPA cases 6-11% slow, with their ratios within 0.6%: benchmarks/results/fresh_machine_2026-11-25). The
+    time gate becomes not comparable and the ratio gate decides."""
+    stored_against = [x.against_ns for x in stored.samples if x.against_ns]
+    if gate.status not in (REGRESSED, FASTER) or not stored_against or len(stored_against) != len(stored.samples):
+        return
+    centre = math.fsum(math.log(a) for a in stored_against) / len(stored_against)
+    now = log_interval(against_blocks, conf)
+    lo, hi = now.lo - centre, now.hi - centre
+    if (gate.status is REGRESSED and lo > tau) or (gate.status is FASTER and hi < -tau):
+        moved = math.expm1(now.estimate - centre)
+        where = "slower" if moved > 0 else "faster"
+        gate.status = NOT_COMPARABLE
+        gate.reason = (
+            f"not comparable: {gate.reason}; {MACHINE_MOVED} {moved * 100:+.1f}% too: this GPU runs {where} than "
+            "when the baseline was recorded, so the ratio gate decides"
+        )
 
 
 def _max_ratio_gate(log_r: Interval, log_r_dec: Interval, max_ratio: float) -> Gate:
@@ -346,3 +410,28 @@ def ab_gate(group_ratios: Sequence[float], policy: Policy, margin: float, proces
 def unpaired_gate(status: Status, reason: str) -> Gate:
     """The A/B gate of a case without a usable twin at the base revision."""
     return Gate("ab", status, reason=reason)
+
+
+def recorded_gate(
+    name: str,
+    new: tuple[float, tuple[float, float] | None],
+    old: tuple[float, tuple[float, float] | None],
+    tau: float,
+    policy: Policy,
+    what: str,
+    than: str,
+) -> Gate:
+    """One gate on two recorded figures, each a median with its 95% CI (two results files, for `perfguard
+    compare`): the plugin's decision with `old` as the stored figure. Without both intervals the runs
+    cannot be told apart: inconclusive."""
+    (new_m, new_ci), (old_m, old_ci) = new, old
+    if new_ci is None or old_ci is None or min(new_m, old_m, *new_ci, *old_ci) <= 0:
+        return Gate(name, INCONCLUSIVE, reason=f"{what}: no interval on one side, the runs cannot be told apart")
+    est = math.log(new_m)
+    lo_side, hi_side = est - math.log(new_ci[0]), math.log(new_ci[1]) - est
+    now = Interval(est, est - lo_side, est + hi_side, 0.95, 0)
+    conf = policy.decision_confidence
+    now_dec = Interval(est, est - _rescale(lo_side, conf), est + _rescale(hi_side, conf), conf, 0)
+    shown = combine_difference(now, math.log(old_m), _stored_log_half_width(old_m, old_ci))
+    dec = decision_interval(now_dec, old_m, old_ci)
+    return _judge(name, dec, shown, tau, what, than=than, hint="")

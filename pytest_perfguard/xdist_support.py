@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from . import settings as st
+from .device import gpu_names, timing_gpus
 from .marker import MARK_NAME
 from .progress import PROGRESS
 from .record import CaseRecord, Outcome, Status, dumps_records, loads_records
@@ -24,6 +28,7 @@ WORKER_POISONED_EXIT = 3
 RECORDS_ATTR = "perfguard_records"
 ITEM_ATTR = "perfguard_item"
 PATHS_KEY = "perfguard_paths"
+GPU_KEY = "perfguard_gpu"  # the CUDA index the controller gave a worker
 
 
 def attach_records(config: pytest.Config, report: pytest.TestReport) -> None:
@@ -93,6 +98,113 @@ def node_down(node: Any) -> None:
     state.warmups.extend(data.get("warmups", []))
 
 
+# ---------------------------------------------------------------------------------------- GPUs per worker
+
+
+def worker_index(config: pytest.Config) -> int:
+    """N of xdist worker gwN; 0 in a run without workers (and in the controller)."""
+    worker = str(getattr(config, "workerinput", {}).get("workerid", "gw0"))
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
+def gpus_for(names: Sequence[str], *, enabled: bool) -> list[int]:
+    """The GPUs workers are spread over: under --perfguard those of cuda:0's model (device.timing_gpus),
+    else all of them (correctness compares with no stored time)."""
+    return timing_gpus(names) if enabled else list(range(len(names)))
+
+
+def worker_gpu(config: pytest.Config, *, enabled: bool) -> str:
+    """This process's GPU: the one the controller gave it (GpuShares), else worker gwN takes the N-th GPU in
+    turn, so N workers on N GPUs time in parallel."""
+    given = getattr(config, "workerinput", {}).get(GPU_KEY)
+    if isinstance(given, int):
+        return f"cuda:{given}"
+    gpus = gpus_for(gpu_names(), enabled=enabled)
+    return f"cuda:{gpus[worker_index(config) % len(gpus)]}"
+
+
+class GpuShares:
+    """The controller's account of which worker holds which GPU. A new worker takes the GPU with the fewest
+    live workers, so the replacement of a crashed worker (xdist names it gwN+1) takes its GPU, not the
+    N+1-th, which would leave one GPU idle and put two workers on another."""
+
+    def __init__(self, gpus: Sequence[int]) -> None:
+        self.gpus = list(gpus)
+        self.held: dict[str, int] = {}
+
+    def take(self, worker: str) -> int | None:
+        if not self.gpus:
+            return None
+        load = Counter(self.held.values())
+        gpu = min(self.gpus, key=lambda g: (load[g], self.gpus.index(g)))
+        self.held[worker] = gpu
+        return gpu
+
+    def release(self, worker: str) -> None:
+        self.held.pop(worker, None)
+
+
+def auto_workers(config: pytest.Config) -> int | None:
+    """`-n auto` under --perfguard: one worker per GPU the run times on. Every GPU times at once, and no
+    two workers wait on one GPU's timing lock holding a context and host cores. None leaves the count to
+    xdist: a run without --perfguard or without a GPU, or PYTEST_XDIST_AUTO_NUM_WORKERS set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    settings = st.from_config(config)
+    if not settings.enabled or settings.device == "cpu":
+        return None
+    names = gpu_names()
+    if not names:
+        return None
+    return 1 if settings.device.startswith("cuda:") else len(gpus_for(names, enabled=True))
+
+
+def gpu_lines(names: Sequence[str], workers: int, *, enabled: bool, pinned: int | None = None) -> list[str]:
+    """The header's account of the host's GPUs: which the run uses, and which it leaves out and why."""
+    if not names:
+        return []
+    gpus = [pinned] if pinned is not None else gpus_for(names, enabled=enabled)
+    per = Counter(gpus[i % len(gpus)] for i in range(max(workers, 1)))
+
+    def listed(indices: Sequence[int]) -> str:
+        by_name: dict[str, list[str]] = {}
+        for i in sorted(indices):
+            by_name.setdefault(names[i], []).append(f"cuda:{i}")
+        return "; ".join(f"{', '.join(devs)} ({name})" for name, devs in by_name.items())
+
+    if workers == 0:
+        how = ""
+    elif max(per.values()) == 1:
+        how = ", one xdist worker each"
+    else:
+        how = f", {workers} xdist workers over them (they take turns timing on each GPU)"
+    lines = [f"perfguard: GPUs used: {listed(sorted(per))}{how}"]
+    other = [i for i in range(len(names)) if i not in gpus]
+    if other and pinned is None:
+        lines.append(
+            f"perfguard: GPUs not used: {listed(other)}: not the model of cuda:{gpus[0]}, and a case is timed on "
+            f"one model; time them in a run of their own with --perfguard-device cuda:{other[0]} "
+            "(their own baseline file)"
+        )
+    idle = [i for i in gpus if i not in per]
+    if idle and workers:
+        lines.append(
+            f"perfguard: GPUs idle: {listed(idle)}: -n {workers} starts fewer workers; -n auto starts one each"
+        )
+    return lines
+
+
+def gpu_header(config: pytest.Config, settings: st.Settings) -> list[str]:
+    """gpu_lines for this run, in the process that prints the header (a worker prints none)."""
+    if not settings.device.startswith("cuda") or is_worker(config):
+        return []
+    distributed = getattr(config.option, "dist", "no") != "no"
+    workers = int(getattr(config.option, "numprocesses", 0) or 0) if distributed else 0
+    index = int(settings.device.partition(":")[2] or 0)
+    pinned = index if workers == 0 or st.from_config(config).device.startswith("cuda:") else None
+    return gpu_lines(gpu_names(), workers, enabled=settings.enabled, pinned=pinned)
+
+
 def worker_paths(config: pytest.Config) -> dict[str, str] | None:
     """The paths the controller resolved, as a worker received them."""
     workerinput = getattr(config, "workerinput", None)
@@ -105,6 +217,9 @@ class Controller:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.perf_items: set[str] = set()
+        s = state_of(config).settings
+        spread = s.device.startswith("cuda") and not st.from_config(config).device.startswith("cuda:")
+        self.shares = GpuShares(gpus_for(gpu_names(), enabled=s.enabled) if spread else [])
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -112,6 +227,13 @@ class Controller:
         node.workerinput[PATHS_KEY] = {
             name: str(getattr(s, name)) for name in ("baseline_dir", "json", "html") if getattr(s, name) is not None
         }
+        gpu = self.shares.take(str(node.gateway.id))
+        if gpu is not None:
+            node.workerinput[GPU_KEY] = gpu
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        self.shares.release(str(node.gateway.id))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if getattr(report, ITEM_ATTR, False):

@@ -133,6 +133,8 @@ def test_against_base_revision_pairs_every_variant(repo: pytest.Pytester, mode: 
     result = run(repo, MODES[mode], "--perfguard-against", "HEAD~1", "--perfguard-json", "r.json")
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines(["*perfguard: against HEAD~1 (*"])
+    # the table's header names the base commit and its subject (pytest's own header is gone under -q)
+    result.stdout.fnmatch_lines(["=*perfguard: *=", "perfguard: against HEAD~1 (* 'base'), tree in *"])
     by_id = records(repo)
     fast = by_id["test_k[fast-8]"]
     assert fast["verdict"] == "regressed"

@@ -2,9 +2,9 @@
 
 Why: a workflow is code that is otherwise only run after a push. act runs it here, on this machine's
 Python environment. act cannot download actions offline, and it clones every remote action of a job
-before the job starts, even one whose ``if:`` skips it under act. So each pinned ``uses:`` (except
-actions/checkout, which act replaces by a copy of the working tree) is mapped with
-``--local-repository`` to an empty composite action; the workflows skip those steps under act anyway.
+before the job starts, even one whose ``if:`` skips it under act. So each pinned ``uses:`` is mapped
+with ``--local-repository`` to an empty composite action; the workflows skip those steps under act
+anyway, and act replaces a checkout without ``ref`` by a copy of the working tree.
 
 Each act call works on a throwaway git copy of the repository and is bounded by a timeout.
 """
@@ -156,14 +156,14 @@ def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _stub_args(workflow: Path, tmp_path: Path) -> list[str]:
-    """--local-repository for every pinned remote action but checkout, so act never goes online."""
+    """--local-repository for every pinned remote action, so act never goes online."""
     stub = tmp_path / "stub-action"
     stub.mkdir(exist_ok=True)
     (stub / "action.yml").write_text(STUB_ACTION)
     args: list[str] = []
     for name, sub, sha in sorted(set(_USES.findall(workflow.read_text()))):
-        if name == "actions/checkout":
-            continue
+        # A checkout without `ref` act replaces by a copy of the working tree; one with a `ref` (the PR's
+        # head under pull_request_target, skipped under act) it would still fetch: that one gets the stub.
         if sub:  # act reads an action in a subfolder of the repository from that subfolder of the stub
             (stub / sub.strip("/")).mkdir(parents=True, exist_ok=True)
             (stub / sub.strip("/") / "action.yml").write_text(STUB_ACTION)
@@ -180,10 +180,13 @@ def _run_act(
     *extra: str,
     timeout: int = ACT_TIMEOUT_S,
     path_first: Path | None = None,
+    workflow_from: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run act in host mode on the copy; the host Python (this interpreter's venv) comes first on PATH."""
+    """Run act in host mode on the copy; the host Python (this interpreter's venv) comes first on PATH.
+    `workflow_from`: the repository whose copy of the workflow file runs (as GitHub takes a
+    pull_request_target workflow from the default branch, whatever the PR's tree holds)."""
     assert ACT is not None
-    wf = repo / ".github" / "workflows" / workflow
+    wf = (workflow_from or repo) / ".github" / "workflows" / workflow
     cmd = [
         ACT,
         event,
@@ -305,7 +308,7 @@ def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp
     (repo / "NOTES.md").write_text("a change on the pull request's branch\n")
     _git(repo, "add", "NOTES.md")
     _git(repo, "commit", "-q", "-m", "head of the pull request")
-    event = _pr_event(tmp_path, head_repo=FAKE_REPO, action="synchronize", labels=[])
+    event = _pr_event(tmp_path, head_repo=FAKE_REPO, action="labeled", labels=["gpu-ok"], label="gpu-ok")
     payload = json.loads(event.read_text())
     payload["pull_request"]["base"] = {"sha": base, "ref": "main"}
     event.write_text(json.dumps(payload))
@@ -313,7 +316,7 @@ def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp
     proc = _run_act(
         repo,
         tmp_path,
-        "pull_request",
+        "pull_request_target",
         "perfguard.yml",
         "-j",
         "guard",
@@ -342,7 +345,7 @@ def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp
 
 
 def _pr_event(tmp_path: Path, *, head_repo: str, action: str, labels: list[str], label: str | None = None) -> Path:
-    """A minimal pull_request event payload, as GitHub would send it."""
+    """A minimal pull_request(_target) event payload, as GitHub would send it."""
     event: dict[str, object] = {
         "action": action,
         "number": 7,
@@ -361,8 +364,8 @@ def _pr_event(tmp_path: Path, *, head_repo: str, action: str, labels: list[str],
     return path
 
 
-def _guard_planned(repo: Path, tmp_path: Path, event_path: Path) -> tuple[bool, str]:
-    """Run perfguard.yml's GPU job for a pull_request event: does it start, or is it skipped?
+def _guard_planned(repo: Path, tmp_path: Path, event_path: Path, workflow_from: Path | None = None) -> tuple[bool, str]:
+    """Run perfguard.yml's GPU job for a pull_request_target event: does it start, or is it skipped?
 
     act's --dryrun still executes run: steps in host mode, so this is a real run. A stub nvidia-smi
     that reports no GPU makes a started job stop at its first step (GPU required by default).
@@ -375,7 +378,7 @@ def _guard_planned(repo: Path, tmp_path: Path, event_path: Path) -> tuple[bool, 
     proc = _run_act(
         repo,
         tmp_path,
-        "pull_request",
+        "pull_request_target",
         "perfguard.yml",
         "-j",
         "guard",
@@ -384,6 +387,7 @@ def _guard_planned(repo: Path, tmp_path: Path, event_path: Path) -> tuple[bool, 
         "-v",
         timeout=120,
         path_first=fake_bin,
+        workflow_from=workflow_from,
     )
     out = proc.stdout + proc.stderr
     skipped = re.search(r"Skipping job '[^']*' due to", out) is not None
@@ -399,9 +403,29 @@ def _guard_planned(repo: Path, tmp_path: Path, event_path: Path) -> tuple[bool, 
     return ran, out
 
 
+def test_pull_requests_reach_the_gpu_only_through_the_default_branch_workflow() -> None:
+    """The gate is not in a file the PR can edit: no `pull_request` trigger (whose workflow file is the
+    PR's), only pull_request_target (the default branch's file), and the job that runs PR code needs the
+    label event, measures the labelled head SHA, and has a read-only token and no secrets."""
+    text = (WORKFLOWS / "perfguard.yml").read_text()
+    on = re.search(r"^on:\n((?:  .*\n)+)", text, re.M)
+    assert on is not None
+    triggers = re.findall(r"^  ([\w-]+):", on.group(1), re.M)
+    assert sorted(triggers) == ["pull_request_target", "push", "workflow_dispatch"], triggers
+    guard = text[text.index("\n  guard:") : text.index("\n  baseline-pr:")]
+    assert "github.event.action == 'labeled' && github.event.label.name == 'gpu-ok'" in guard
+    assert "ref: ${{ github.event.pull_request.head.sha }}" in guard
+    assert re.search(r"^    permissions:\n      contents: read # [^\n]*\n    #", guard, re.M), "read-only token"
+    assert "secrets." not in text, "no secret in a workflow that runs pull-request code"
+    assert guard.count("persist-credentials: false") == guard.count("uses: actions/checkout@")
+    doc = (REPO_ROOT / "docs" / "self-hosted-runner.md").read_text()
+    assert ".github/workflows/perfguard.yml@refs/heads/main" in doc, "the runner group's workflow setting"
+
+
 @needs_act
 def test_fork_pr_without_label_skips_gpu_job(repo_copy: Path, tmp_path: Path) -> None:
-    """A fork PR never reaches the GPU on its own; a maintainer's gpu-ok label event lets it through."""
+    """A PR never reaches the GPU on its own, not even by editing perfguard.yml; a maintainer's gpu-ok
+    label event lets it through."""
     fork_push = _pr_event(tmp_path, head_repo="someone/pytest-perfguard", action="synchronize", labels=[])
     ran, out = _guard_planned(repo_copy, tmp_path, fork_push)
     assert not ran, out[-8000:]
@@ -412,19 +436,46 @@ def test_fork_pr_without_label_skips_gpu_job(repo_copy: Path, tmp_path: Path) ->
     assert not ran, out[-8000:]
     # ...and that push makes the revoke job take the stale label off (under act it only says so).
     proc = _run_act(
-        repo_copy, tmp_path, "pull_request", "perfguard.yml", "-j", "revoke-gpu-ok", "-e", str(fork_stale), timeout=120
+        repo_copy,
+        tmp_path,
+        "pull_request_target",
+        "perfguard.yml",
+        "-j",
+        "revoke-gpu-ok",
+        "-e",
+        str(fork_stale),
+        timeout=120,
     )
     assert proc.returncode == 0, _act_output(proc)
     assert "would remove gpu-ok from PR 7" in proc.stdout + proc.stderr, _act_output(proc)
 
-    # Controls: the maintainer's label event and a same-repository PR do plan the GPU job.
+    # A same-repository PR needs the label too, and another label is not it.
+    same_repo = _pr_event(tmp_path, head_repo=FAKE_REPO, action="synchronize", labels=[])
+    ran, out = _guard_planned(repo_copy, tmp_path, same_repo)
+    assert not ran, out[-8000:]
+    other_label = _pr_event(tmp_path, head_repo=FAKE_REPO, action="labeled", labels=["perf"], label="perf")
+    ran, out = _guard_planned(repo_copy, tmp_path, other_label)
+    assert not ran, out[-8000:]
+
+    # A PR that edits perfguard.yml to drop the gate: GitHub runs the default branch's file for
+    # pull_request_target, so its edit changes nothing and the unlabelled PR still does not reach the GPU.
+    pr = tmp_path / "pr-edits-gate"
+    _git(tmp_path, "clone", "-q", str(repo_copy), str(pr))
+    edited = pr / ".github" / "workflows" / "perfguard.yml"
+    text = edited.read_text()
+    gate = "|| (github.event.action == 'labeled' && github.event.label.name == 'gpu-ok')"
+    assert gate in text
+    edited.write_text(text.replace(gate, "|| true"))
+    _git(pr, "commit", "-q", "-am", "drop the gpu-ok gate")
+    fork_edit = _pr_event(tmp_path, head_repo="someone/pytest-perfguard", action="synchronize", labels=[])
+    ran, out = _guard_planned(pr, tmp_path, fork_edit, workflow_from=repo_copy)
+    assert not ran, out[-8000:]
+
+    # Control: the maintainer's label event does plan the GPU job.
     fork_labeled = _pr_event(
         tmp_path, head_repo="someone/pytest-perfguard", action="labeled", labels=["gpu-ok"], label="gpu-ok"
     )
     ran, out = _guard_planned(repo_copy, tmp_path, fork_labeled)
-    assert ran, out[-8000:]
-    same_repo = _pr_event(tmp_path, head_repo=FAKE_REPO, action="synchronize", labels=[])
-    ran, out = _guard_planned(repo_copy, tmp_path, same_repo)
     assert ran, out[-8000:]
 
 
@@ -472,14 +523,15 @@ def test_comment_workflow_trigger_and_permissions() -> None:
     code = "\n".join(line.split(" #")[0] for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert "uses:" not in code, "no action at all: nothing that could check out or run the PR's code"
     assert not re.search(r"\bgit |checkout", code), "no checkout of any code"
-    assert "github.event.workflow_run.event == 'pull_request'" in text
+    assert "github.event.workflow_run.event == 'pull_request_target'" in text
+    assert "github.event.workflow_run.display_title" in text  # the PR and SHA from the run's name
     # perfguard.yml names the workflow this one listens to, and uploads the artifact it reads.
     guard = (WORKFLOWS / "perfguard.yml").read_text()
     assert re.search(r"^name: perfguard$", guard, re.M)
     assert "name: perfguard-pr" in guard
 
 
-def _run_event(tmp_path: Path, *, event: str = "pull_request", conclusion: str = "success") -> Path:
+def _run_event(tmp_path: Path, *, event: str = "pull_request_target", conclusion: str = "success") -> Path:
     payload = {
         "action": "completed",
         "workflow_run": {
@@ -487,7 +539,8 @@ def _run_event(tmp_path: Path, *, event: str = "pull_request", conclusion: str =
             "name": "perfguard",
             "event": event,
             "conclusion": conclusion,
-            "head_sha": HEAD_SHA,
+            "head_sha": "c" * 40,  # a pull_request_target run's head is the base branch's
+            "display_title": f"perfguard: PR #7 at {HEAD_SHA}",  # perfguard.yml's run-name
             "html_url": f"https://github.com/{FAKE_REPO}/actions/runs/4242",
         },
         "repository": {"full_name": FAKE_REPO},
@@ -505,7 +558,7 @@ def _comment_run(
     pr: str = "7",
     pr_head: str = HEAD_SHA,
     comment_id: str = "",
-    event: str = "pull_request",
+    event: str = "pull_request_target",
     artifact: bool = True,
 ) -> tuple[subprocess.CompletedProcess[str], list[str], Path]:
     fake_bin = tmp_path / "fake-gh-bin"

@@ -19,12 +19,14 @@ from filelock import FileLock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pytest_perfguard import baseline as bl
 from pytest_perfguard.baseline import (
     MIGRATIONS,
     SCHEMA_VERSION,
     BaselineEntry,
     BaselineError,
     BaselineFile,
+    ProcessSample,
     device_slug,
     dumps,
     migrate_file,
@@ -35,6 +37,7 @@ from pytest_perfguard.baseline import (
     write_baseline,
 )
 from pytest_perfguard.jsonio import lock_file
+from pytest_perfguard.policy import MAX_SAMPLES
 
 DEVICE: dict[str, Any] = {
     "slug": "nvidia-h100-80gb-hbm3",
@@ -75,7 +78,7 @@ def entry(case_id: str = CASE, median: float = 9123.4, **changes: Any) -> Baseli
 
 def valid_obj() -> dict[str, Any]:
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "device": dict(DEVICE),
         "cases": {
             CASE: entry().to_json(),
@@ -162,6 +165,8 @@ def test_entry_json_has_exactly_the_documented_fields() -> None:
             "workload",
             "workload_desc",
             "env",
+            "samples",
+            "unstable",
             "median_ns",
             "ci_ns",
             "ratio",
@@ -202,8 +207,8 @@ BAD_TEXT = [
     ),
     ('{"schema_version": -1, "device": {}, "cases": {}}', "'schema_version' must be a non-negative integer"),
     (
-        '{"schema_version": 2, "device": {}, "cases": {}}',
-        "newer pytest-perfguard (schema 2 > 1): upgrade pytest-perfguard",
+        '{"schema_version": 3, "device": {}, "cases": {}}',
+        "newer pytest-perfguard (schema 3 > 2): upgrade pytest-perfguard",
     ),
     ('{"schema_version": 1, "cases": {}}', "missing field 'device'"),
     ('{"schema_version": 1, "device": {"slug": "a"}, "cases": {}}', "'device' is missing field 'name'"),
@@ -258,7 +263,7 @@ def test_duplicate_case_id_from_a_merge(tmp_path: Path) -> None:
     # git can merge two branches that each added the same case into one object holding the key twice
     one = json.dumps(entry().to_json())
     text = (
-        f'{{"schema_version": 1,\n "device": {json.dumps(DEVICE)},\n "cases": {{\n'
+        f'{{"schema_version": {SCHEMA_VERSION},\n "device": {json.dumps(DEVICE)},\n "cases": {{\n'
         f'  "{CASE}": {one},\n  "{CASE}": {one}\n}}}}\n'
     )
     path = tmp_path / "dev.json"
@@ -579,54 +584,67 @@ def test_update_adds_and_keeps_other_cases(tmp_path: Path) -> None:
     assert bf.cases["b"] == entry("b")
 
 
-def test_noise_folding(tmp_path: Path) -> None:
-    path = tmp_path / "dev.json"
-    update_baseline(path, DEVICE, {"a": entry("a", 1000.0, noise=0.004)}, noise_floor=0.001)
-    assert read_baseline(path).cases["a"].noise == 0.004
-    update_baseline(path, DEVICE, {"a": entry("a", 1020.0, noise=0.5)}, noise_floor=0.001)
-    stored = read_baseline(path).cases["a"]
-    expected = math.sqrt((0.004**2 * 1 + math.log(1020.0 / 1000.0) ** 2 / 2) / 2)
-    assert stored.runs == 2
-    assert stored.noise == pytest.approx(expected, rel=1e-12)
-    assert stored.median_ns == pytest.approx(math.sqrt(1000.0 * 1020.0), rel=1e-12)  # geometric mean
-    update_baseline(path, DEVICE, {"a": entry("a", 1020.0)}, noise_floor=0.001)
-    third = read_baseline(path).cases["a"]
-    assert third.runs == 3
-    step = math.log(1020.0 / math.sqrt(1000.0 * 1020.0))  # from the centre of two runs: variance 1.5 s**2
-    assert third.noise == pytest.approx(math.sqrt((expected**2 * 2 + step**2 / 1.5) / 3), rel=1e-12)
-    assert third.median_ns == pytest.approx((1000.0 * 1020.0 * 1020.0) ** (1 / 3), rel=1e-12)
+def sampled(case_id: str, *times: float, ratio: float | None = 1.02) -> BaselineEntry:
+    """An entry of one process sample per time, as an update of several processes makes it."""
+    samples = [
+        ProcessSample(t, (t * 0.997, t * 1.003), ratio, t / ratio if ratio else None, "GPU-1", "2026-11-25", 24)
+        for t in times
+    ]
+    return BaselineEntry.from_samples(
+        case_id, samples, workload=workload(), workload_desc="q", env=dict(ENV), updated="2026-11-25"
+    )
 
 
-def test_stored_time_and_ratio_are_the_geometric_mean_of_the_runs(tmp_path: Path) -> None:
-    """One slow process must not become the reference: the centre is the runs' geometric mean, and past
-    CENTER_WINDOW runs an exponential one, so it still follows a slow drift."""
+def test_an_entry_is_the_sample_of_its_processes(tmp_path: Path) -> None:
+    """Centre, interval and spread are derived from the process medians, and survive the file."""
     path = tmp_path / "dev.json"
-    times = [1000.0, 1030.0, 990.0, 1010.0]
-    for i, t in enumerate(times):
-        update_baseline(
-            path,
-            DEVICE,
-            {"a": entry("a", t, noise=0.002, ratio=1.0 + i / 100, ratio_ci=None)},
-            noise_floor=0.001,
-            change_threshold=0.05,
-        )
+    update_baseline(path, DEVICE, {"a": sampled("a", 1000.0, 1020.0, 990.0)}, noise_floor=0.001)
     stored = read_baseline(path).cases["a"]
-    geo = math.exp(sum(math.log(t) for t in times) / len(times))
-    assert stored.runs == 4 and stored.median_ns == pytest.approx(geo, rel=1e-12)
-    assert stored.ratio == pytest.approx(math.exp(sum(math.log(1.0 + i / 100) for i in range(4)) / 4), rel=1e-12)
+    logs = [math.log(t) for t in (1000.0, 1020.0, 990.0)]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    assert stored.runs == 3 and [x.median_ns for x in stored.samples] == [1000.0, 1020.0, 990.0]
+    assert stored.median_ns == pytest.approx(math.exp(mean), rel=1e-12)
+    assert stored.noise == pytest.approx(sd, rel=1e-12)
+    assert stored.ratio == pytest.approx(1.02) and stored.ratio_noise == pytest.approx(0.0, abs=1e-12)
     lo, hi = stored.ci_ns
-    assert (lo / stored.median_ns, hi / stored.median_ns) == pytest.approx((0.997, 1.003))
-    for _ in range(40):
-        update_baseline(path, DEVICE, {"a": entry("a", 1040.0, noise=0.002)}, noise_floor=0.001, change_threshold=0.05)
-    assert read_baseline(path).cases["a"].median_ns == pytest.approx(1040.0, rel=1e-3)
+    assert lo < stored.median_ns < hi
+    # another update's processes join the sample
+    update_baseline(path, DEVICE, {"a": sampled("a", 1005.0, 1010.0, 995.0)}, noise_floor=0.001, change_threshold=0.05)
+    assert read_baseline(path).cases["a"].runs == 6
+
+
+def test_derived_fields_must_agree_with_the_samples(tmp_path: Path) -> None:
+    path = tmp_path / "dev.json"
+    case = sampled("a", 1000.0, 1010.0).to_json()
+    case["median_ns"] = 1000.0  # a hand-edited centre (inside its interval), the samples left alone
+    write_raw(path, dumps({"schema_version": SCHEMA_VERSION, "device": dict(DEVICE), "cases": {"a": case}}))
+    expect_error(path, "'a'", "median_ns", "its samples give")
+
+
+def test_the_sample_keeps_the_last_processes_and_follows_a_drift(tmp_path: Path) -> None:
+    path = tmp_path / "dev.json"
+    kw: dict[str, Any] = {"noise_floor": 0.001, "change_threshold": 0.05}
+    update_baseline(path, DEVICE, {"a": sampled("a", 1000.0, 1003.0, 998.0)}, **kw)
+    for i in range(8):
+        t = 1000.0 + 5.0 * (i + 1)  # a slow drift, 0.5% a step: never a changed kernel
+        update_baseline(path, DEVICE, {"a": sampled("a", t, t + 1.0, t - 1.0)}, **kw)
+    stored = read_baseline(path).cases["a"]
+    assert stored.runs == MAX_SAMPLES
+    assert stored.samples[0].median_ns > 1003.0  # the oldest processes dropped out
+    assert stored.median_ns > 1020.0
 
 
 def test_noise_floor_applies(tmp_path: Path) -> None:
+    """A one-process entry carries the floor as its noise; an entry of several derives its spread, and the
+    floor applies in the threshold instead."""
     path = tmp_path / "dev.json"
     update_baseline(path, DEVICE, {"a": entry("a", noise=0.0001)}, noise_floor=0.01)
     assert read_baseline(path).cases["a"].noise == 0.01
-    update_baseline(path, DEVICE, {"a": entry("a")}, noise_floor=0.01)
-    assert read_baseline(path).cases["a"].noise == 0.01
+    update_baseline(path, DEVICE, {"a": sampled("a", 9123.4, 9123.4)}, noise_floor=0.01)
+    stored = read_baseline(path).cases["a"]
+    assert stored.runs == 3 and stored.noise == pytest.approx(0.0, abs=1e-12)
+    assert bl.entry_threshold(stored, 0.001, 0.01) > 0.01
 
 
 @pytest.mark.parametrize(
@@ -694,7 +712,7 @@ def test_concurrent_updates_lose_nothing(tmp_path: Path, same_case: bool) -> Non
     bf = read_baseline(path)
     if same_case:
         assert list(bf.cases) == ["shared"]
-        assert bf.cases["shared"].runs == 40
+        assert bf.cases["shared"].runs == MAX_SAMPLES  # 40 processes joined; the last MAX_SAMPLES are kept
     else:
         assert len(bf.cases) == 40
         assert all(f"w{w}::case{i}" in bf.cases for w in range(4) for i in range(10))
@@ -801,32 +819,27 @@ def test_stale_entries_and_remove(tmp_path: Path) -> None:
 
 
 def test_a_changed_kernel_resets_instead_of_inflating_the_noise(tmp_path: Path) -> None:
-    """An intended 20% speed-up recorded as 'more noise' would widen the margin to ~35% and blind the guard."""
+    """An intended 20% speed-up recorded as 'more processes' would widen the spread and blind the guard."""
     path = tmp_path / "dev.json"
-    update_baseline(path, DEVICE, {"a": entry("a", 10_000.0)}, noise_floor=0.005, change_threshold=0.05)
-    same = update_baseline(path, DEVICE, {"a": entry("a", 10_100.0)}, noise_floor=0.005, change_threshold=0.05)
-    assert same.updated == ["a"] and read_baseline(path).cases["a"].runs == 2
-    faster = update_baseline(path, DEVICE, {"a": entry("a", 8_000.0)}, noise_floor=0.005, change_threshold=0.05)
+    kw: dict[str, Any] = {"noise_floor": 0.005, "change_threshold": 0.05}
+    update_baseline(path, DEVICE, {"a": sampled("a", 10_000.0, 10_020.0, 9_990.0)}, **kw)
+    same = update_baseline(path, DEVICE, {"a": sampled("a", 10_100.0, 10_080.0, 10_050.0)}, **kw)
+    assert same.updated == ["a"] and read_baseline(path).cases["a"].runs == 6
+    faster = update_baseline(path, DEVICE, {"a": sampled("a", 8_000.0, 8_010.0, 7_990.0)}, **kw)
     assert faster.reset == ["a"]
     stored = read_baseline(path).cases["a"]
-    assert (stored.runs, stored.median_ns) == (1, 8_000.0)
-    assert stored.noise == 0.005
+    assert stored.runs == 3 and stored.median_ns == pytest.approx(8_000.0, rel=1e-3)
 
 
 def test_a_move_within_the_guards_own_threshold_is_noise_not_a_new_kernel(tmp_path: Path) -> None:
-    """With noise_k, a case whose stored noise sets its threshold above the margin folds a move the guard
-    would not fail on (noise 2% x 4 = 8% > 5%: a 6% move is noise), and resets only past that threshold."""
+    """A case whose processes spread 3% has a prediction bound above the margin: a 6% move joins the
+    sample, and only a move past the bound resets it."""
     path = tmp_path / "dev.json"
-    kw: dict[str, Any] = {"noise_floor": 0.005, "change_threshold": 0.05, "noise_k": 4.0}
-    update_baseline(path, DEVICE, {"a": entry("a", 10_000.0, noise=0.02)}, **kw)
-    moved = update_baseline(path, DEVICE, {"a": entry("a", 10_600.0, noise=0.02)}, **kw)
-    assert moved.updated == ["a"] and read_baseline(path).cases["a"].runs == 2
-    far = update_baseline(path, DEVICE, {"a": entry("a", 14_000.0, noise=0.02)}, **kw)
-    assert far.reset == ["a"] and read_baseline(path).cases["a"].runs == 1
-    # Without noise_k the margin alone decides, as before.
-    path2 = tmp_path / "dev2.json"
-    update_baseline(path2, DEVICE, {"a": entry("a", 10_000.0, noise=0.02)}, noise_floor=0.005, change_threshold=0.05)
-    again = update_baseline(
-        path2, DEVICE, {"a": entry("a", 10_600.0, noise=0.02)}, noise_floor=0.005, change_threshold=0.05
-    )
-    assert again.reset == ["a"]
+    kw: dict[str, Any] = {"noise_floor": 0.005, "change_threshold": 0.05}
+    update_baseline(path, DEVICE, {"a": sampled("a", 10_000.0, 10_400.0, 9_800.0)}, **kw)
+    stored = read_baseline(path).cases["a"]
+    assert bl.entry_threshold(stored, 0.05, 0.005) > 0.06
+    moved = update_baseline(path, DEVICE, {"a": sampled("a", 10_600.0, 10_650.0, 10_550.0)}, **kw)
+    assert moved.updated == ["a"] and read_baseline(path).cases["a"].runs == 6
+    far = update_baseline(path, DEVICE, {"a": sampled("a", 20_000.0, 20_100.0, 19_900.0)}, **kw)
+    assert far.reset == ["a"] and read_baseline(path).cases["a"].runs == 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_perfguard.baseline import BaselineEntry, BaselineFile, read_baseline, write_baseline
-from pytest_perfguard.cli import change_ci, classify, main
+from pytest_perfguard.cli import change_ci, compare_threshold, judge, main
 from pytest_perfguard.record import CaseRecord
 from pytest_perfguard.report import format_ratio, format_time
 from pytest_perfguard.results_io import ResultsError, read_results
@@ -38,7 +39,7 @@ def entry(case_id: str, median: float, **changes: Any) -> BaselineEntry:
         "ratio": 1.02,
         "ratio_ci": (1.01, 1.03),
         "noise": 0.004,
-        "runs": 3,
+        "runs": 1,
         "blocks": 24,
         "updated": "2026-11-21",
     }
@@ -114,19 +115,39 @@ def test_change_ci_combines_log_half_widths() -> None:
     assert ci[1] == pytest.approx(1.1 * math.exp(0.05))
 
 
+def _timed(median: float, half: float, ratio: float | None = None) -> CaseRecord:
+    ci = (median * math.exp(-half), median * math.exp(half))
+    ratio_ci = None if ratio is None else (ratio * math.exp(-half), ratio * math.exp(half))
+    return CaseRecord("x", variant="v", median_ns=median, ci_ns=ci, ratio=ratio, ratio_ci=ratio_ci, blocks=10)
+
+
 @pytest.mark.parametrize(
-    ("ci", "flag"),
+    ("b_median", "half", "status"),
     [
-        ((1.03, 1.10), "slower"),
-        ((0.90, 0.97), "faster"),
-        ((0.99, 1.01), "same"),
-        ((0.99, 1.05), "unclear"),
-        ((1.01, 1.05), "unclear"),
-        (None, "unclear (no CI)"),
+        (1060.0, 0.005, "regressed"),
+        (940.0, 0.005, "faster"),
+        (1001.0, 0.005, "pass"),
+        (1010.0, 0.03, "inconclusive"),
+        (1025.0, 0.005, "inconclusive"),
     ],
 )
-def test_classify(ci: tuple[float, float] | None, flag: str) -> None:
-    assert classify(ci, 0.02) == flag
+def test_judge_has_the_plugins_three_outcomes(b_median: float, half: float, status: str) -> None:
+    assert str(judge(_timed(1000.0, half), _timed(b_median, half), 0.02).status) == status
+
+
+def test_judge_never_calls_a_slowdown_faster() -> None:
+    """Issue 26: A ran while the host was busy (its time and `against`'s both inflated); B is 30% slower
+    than A against `against`, yet its time reads 0.76 of A's. The ratio gate sees the slowdown."""
+    a, b = _timed(1.3e6, 0.01, ratio=1.0), _timed(0.99e6, 0.01, ratio=1.3)
+    verdict = judge(a, b, compare_threshold(0.05, {"kind": "cpu"}, {"kind": "cpu"}))
+    assert [str(g.status) for g in verdict.gates] == ["faster", "regressed"]
+    assert str(verdict.status) == "regressed"
+
+
+def test_compare_threshold_is_the_plugins_one_process_rule() -> None:
+    assert compare_threshold(0.05, {"kind": "cpu"}, {"kind": "cpu"}) == pytest.approx(0.20)
+    assert compare_threshold(0.05, {"kind": "cuda"}, {"kind": "cuda"}) == pytest.approx(0.05)
+    assert compare_threshold(0.01, {"kind": "cuda"}, {"kind": "cuda"}) == pytest.approx(0.02)
 
 
 # ------------------------------------------------------------------------------------------------- show
@@ -219,15 +240,15 @@ def test_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(capsys, "compare", str(a), str(b), "--margin", "0.02")
     assert status == 0
     lines = {line.split()[0]: line for line in out.splitlines() if line.split()}
-    assert lines["slower"].rstrip().endswith("slower")
+    assert lines["slower"].rstrip().endswith("regressed")
     assert "1.056 [" in lines["slower"]
     assert lines["faster"].rstrip().endswith("faster")
-    assert lines["same"].rstrip().endswith("same")
-    assert lines["noisy"].rstrip().endswith("unclear")
+    assert lines["same"].rstrip().endswith("pass")
+    assert lines["noisy"].rstrip().endswith("inconclusive")
     assert lines["untimed"].rstrip().endswith("not timed (A incorrect)")
     assert "only in A (1): only-a" in out
     assert "only in B (1): only-b" in out
-    assert "1 slower of 5 compared" in out
+    assert "1 regressed of 5 compared" in out
     assert "not comparable" not in out
 
 
@@ -237,9 +258,23 @@ def test_compare_fail_on_regression(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert status == 1
     status, _, _ = run(capsys, "compare", str(a), str(a), "--fail-on-regression")
     assert status == 0
-    # a wide margin turns the 5.6% slowdown into "unclear"
+    # a wide margin turns the 5.6% slowdown into a pass
     status, out, _ = run(capsys, "compare", str(a), str(b), "--fail-on-regression", "--margin", "0.1")
-    assert status == 0 and "0 slower of 5" in out
+    assert status == 0 and "0 regressed of 5" in out
+
+
+def test_compare_fails_a_slowdown_hidden_by_a_noisy_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: B/A 0.761 on a noisy CPU host was called "faster" and --fail-on-regression exited 0, while
+    the time against `against` (timed in the same run) had grown by 30%."""
+    cpu = {"slug": "cpu-amd-epyc", "name": "AMD EPYC", "kind": "cpu", "torch": "2.13.0+cpu"}
+    ratio = {"ratio": 1.0, "ratio_ci": [0.99, 1.01]}
+    a = make_results(tmp_path / "a.json", [record("k", 1.3e6, half=0.01, **ratio)], cpu)
+    b = make_results(tmp_path / "b.json", [record("k", 0.99e6, half=0.01, ratio=1.3, ratio_ci=[1.29, 1.31])], cpu)
+    status, out, _ = run(capsys, "compare", str(a), str(b), "--fail-on-regression")
+    assert status == 1
+    row = next(line for line in out.splitlines() if line.startswith("k "))
+    assert row.rstrip().endswith("regressed") and "faster" not in row
+    assert "margin: 20.0%, not the 5.0% asked" in out
 
 
 def test_compare_warns_other_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -263,7 +298,7 @@ def test_compare_flags_env_difference(tmp_path: Path, capsys: pytest.CaptureFixt
     a = make_results(tmp_path / "a.json", [record("x", 1000.0, env={"sdpa_backend": "flash"})])
     b = make_results(tmp_path / "b.json", [record("x", 1000.0, env={"sdpa_backend": "math"})])
     _, out, _ = run(capsys, "compare", str(a), str(b))
-    assert "same (env differs)" in out
+    assert "pass (env differs)" in out
 
 
 @pytest.mark.parametrize(
@@ -349,11 +384,11 @@ def test_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "nvidia-l4.json"
     path.write_text(json.dumps({"schema_version": 0, "device": "NVIDIA L4", "cases": {"t.py::a": {"median_us": 47}}}))
     status, out, _ = run(capsys, "migrate", str(path))
-    assert status == 0 and "migrated from schema 0 to 1" in out
-    assert json.loads(path.read_text())["schema_version"] == 1
+    assert status == 0 and "migrated from schema 0 to 2" in out
+    assert json.loads(path.read_text())["schema_version"] == 2
     assert read_baseline(path).cases["t.py::a"].median_ns == 47_000.0
     status, out, _ = run(capsys, "migrate", str(path))
-    assert status == 0 and "already schema 1, nothing to do" in out
+    assert status == 0 and "already schema 2, nothing to do" in out
 
 
 def test_migrate_bad_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -376,12 +411,28 @@ def test_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert f"ok: {results} (results, 1 record)" in out
 
     conflicted = tmp_path / "conflict.json"
-    conflicted.write_text(good.read_text().replace('  "device"', '<<<<<<< HEAD\n  "device"', 1))
+    conflicted.write_text(good.read_text().replace('\n  "device"', '\n<<<<<<< HEAD\n  "device"', 1))
     status, out, err = run(capsys, "validate", str(good), str(conflicted), str(tmp_path / "none.json"))
     assert status == 1
     assert f"ok: {good}" in out
     assert "unresolved merge conflict at line" in err and str(conflicted) in err
     assert "none.json: no such file" in err
+
+
+def test_validate_accepts_what_merge_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: validate called the merged file a bad baseline and said to restore it from git."""
+    other = {**DEVICE, "name": "NVIDIA L4", "slug": "nvidia-l4"}
+    a = make_results(tmp_path / "a.json", [record("x", 1000.0)])
+    b = make_results(tmp_path / "b.json", [record("y", 1100.0), record("z", 5.0)], other)
+    merged = tmp_path / "all.json"
+    status, _, err = run(capsys, "merge", str(a), str(b), "-o", str(merged))
+    assert status == 0, err
+    status, out, err = run(capsys, "validate", str(merged))
+    assert status == 0, err
+    assert f"ok: {merged} (merged results, 2 runs, 3 records)" in out
+    merged.write_text(merged.read_text().replace('"runs"', '"rounds"', 1))
+    status, _, err = run(capsys, "validate", str(merged))
+    assert status == 1 and "'runs' must be a non-empty JSON list" in err and "git checkout" not in err
 
 
 def test_validate_folder_and_legacy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -400,6 +451,26 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["compare", "only-one.json"])
     assert info.value.code == 2
+    capsys.readouterr()
+
+
+def test_version_and_help_say_what_the_command_does(capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_perfguard import __version__
+    from pytest_perfguard.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"perfguard {__version__}"
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "baselines" in out and "bisect a slowdown" in out and "pytest --perfguard" in out
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"show", "compare", "validate", "merge", "report", "history", "bisect", "explain"} <= set(commands)
+    for command in commands:
+        with pytest.raises(SystemExit) as info:
+            main([command, "--help"])
+        assert info.value.code == 0, command
     capsys.readouterr()
 
 

@@ -116,7 +116,7 @@ def _entry(median: float = 1000.0, ratio: float = 1.0, backend: str = "flash") -
         ratio=ratio,
         ratio_ci=(ratio * 0.999, ratio * 1.001),
         noise=0.005,
-        runs=3,
+        runs=1,
         blocks=12,
         updated="2026-11-21",
     )
@@ -188,8 +188,8 @@ def test_margin_never_below_k_times_the_stored_noise() -> None:
 
 
 def test_update_moves_and_gates_share_one_threshold() -> None:
-    """A move the update folds in as noise is exactly one the guard would not fail: both thresholds are
-    baseline.case_threshold, for every noise level around the floor and the margin."""
+    """A move the update joins to the sample is exactly one the guard would not fail: both thresholds are
+    policy.sample_threshold, for every spread around the floor and the margin, and for one process too."""
     from dataclasses import replace
 
     from pytest_perfguard import baseline as bl
@@ -197,7 +197,17 @@ def test_update_moves_and_gates_share_one_threshold() -> None:
     policy = vd.Policy(margin=0.05, noise_floor=0.005)
     for noise in (0.0, 0.001, 0.005, 0.0125, 0.02, 0.1):
         entry = replace(_entry(), noise=noise)
-        assert bl.change_limit(entry, policy.margin, policy.noise_floor, bl.NOISE_K) == policy.delta(noise)
+        assert bl.change_limit(entry, policy.margin, policy.noise_floor, bl.NOISE_K) == policy.baseline_delta(entry)
+        assert policy.baseline_delta(entry) == policy.delta(noise)  # one process: the k = 1 rule
+    three = bl.BaselineEntry.from_samples(
+        "t::c[x]",
+        [bl.ProcessSample(t, (t, t), 1.0) for t in (1000.0, 1010.0, 990.0)],
+        workload="w",
+        workload_desc="",
+        env={},
+        updated="",
+    )
+    assert bl.change_limit(three, 0.05, 0.005, bl.NOISE_K) == policy.baseline_delta(three) > 0.05
 
 
 def _dec(half_width: float, confidence: float = 0.95) -> Interval:
@@ -219,8 +229,8 @@ def test_mde_grows_with_noise_and_half_width_and_shrinks_with_runs_up_to_the_win
     assert by_noise == sorted(by_noise) and len(set(by_noise)) == 4
     assert by_width == sorted(by_width) and len(set(by_width)) == 4
     assert by_noise[0] > 0.05 and by_width[0] > 0.05  # never below the margin
-    one, eight, many = (vd.minimum_detectable_effect(_dec(0.01), TAU, 0.01, k) or 0.0 for k in (1, 8, 50))
-    assert one > eight == many
+    one, sixteen, many = (vd.minimum_detectable_effect(_dec(0.01), TAU, 0.01, k) or 0.0 for k in (1, 16, 50))
+    assert one > sixteen == many  # the sample keeps at most policy.MAX_SAMPLES processes
 
 
 def test_mde_counts_a_per_process_offset_beside_the_stored_noise() -> None:

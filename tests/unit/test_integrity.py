@@ -317,3 +317,21 @@ def test_device_spec_reads_a_real_gpu() -> None:
         pytest.skip("needs a CUDA device for its properties; the fallback formula is tested above")
     spec = peaks.device_spec(0, None)
     assert spec.name and spec.sm_count
+
+
+def test_the_profiler_prints_and_warns_nothing_of_its_own(capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: Kineto's "USDT: ... profiler_start" lines and torch.profiler's "Profiler clears events"
+    warning landed in every user's output and warnings summary."""
+    import warnings
+
+    from pytest_perfguard.integrity import profiled_call
+
+    x = torch.zeros(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            out, names, _ = profiled_call(lambda: x.add(1), None)
+    printed = "".join(capfd.readouterr())
+    assert "USDT" not in printed and "profiler_st" not in printed, printed
+    assert not [w for w in caught if "Profiler" in str(w.message)]
+    assert torch.equal(out, torch.ones(4)) and any("add" in n for n in names)

@@ -199,9 +199,20 @@ def test_write_html_is_atomic_and_names_a_missing_plotly(
 # ------------------------------------------------------------------------------------------------ merge
 
 
+RUN = {"git_sha": "a" * 40, "against": "main", "base_sha": "b" * 40}  # what a run under --perfguard-against says
+
+
+def other_cases(doc: dict[str, Any]) -> dict[str, Any]:
+    """The same records under other case ids: another runner's share of the suite."""
+    other = copy.deepcopy(doc)
+    for record in other["results"]:
+        record["id"] = record["id"].replace("::", "::l4_", 1)
+    return other
+
+
 def test_merge_keeps_devices_apart_and_records_sources(doc: dict[str, Any], tmp_path: Path) -> None:
     a = write(tmp_path / "h200.json", doc)
-    b = write(tmp_path / "l4.json", as_device(doc, "NVIDIA L4", "nvidia-l4"))
+    b = write(tmp_path / "l4.json", as_device(other_cases(doc), "NVIDIA L4", "nvidia-l4"))
     merged = merge_files([a, b])
     assert merged["kind"] == MERGED_KIND
     assert [run["source"] for run in merged["runs"]] == [str(a), str(b)]
@@ -228,13 +239,35 @@ def test_merge_keeps_devices_apart_and_records_sources(doc: dict[str, Any], tmp_
         ),
         (lambda d, p: write(p, d), r"bad\.json: case '.*' on device 'nvidia-h200' is also in .*good\.json"),
         (lambda d, p: p.write_text(""), r"bad\.json: the results file is empty"),
+        (
+            lambda d, p: write(p, as_device(d, "NVIDIA L4", "nvidia-l4")),
+            r"bad\.json: case '.*' ran on device 'nvidia-l4' here and on 'nvidia-h200' in .*good\.json; "
+            r"a case runs on one runner kind only",
+        ),
+        (
+            lambda d, p: write(p, {**other_cases(d), "run": {**RUN, "git_sha": "0" * 40}}),
+            r"bad\.json: results of commit 000000000000, but .*good\.json has aaaaaaaaaaaa; "
+            r"merge the results of one commit",
+        ),
+        (
+            lambda d, p: write(p, {**other_cases(d), "run": {**RUN, "base_sha": "1" * 40}}),
+            r"bad\.json: results of base revision 111111111111, but .*good\.json has bbbbbbbbbbbb",
+        ),
     ],
-    ids=["truncated", "schema-mismatch", "same-case-same-device", "empty-file"],
+    ids=[
+        "truncated",
+        "schema-mismatch",
+        "same-case-same-device",
+        "empty-file",
+        "same-case-other-device",
+        "other-commit",
+        "other-base",
+    ],
 )
 def test_merge_refuses_bad_input_naming_the_file(
     doc: dict[str, Any], tmp_path: Path, make: Any, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    good = write(tmp_path / "good.json", doc)
+    good = write(tmp_path / "good.json", {**doc, "run": RUN})
     bad = tmp_path / "bad.json"
     make(doc, bad)
     out = tmp_path / "out.json"
@@ -243,6 +276,18 @@ def test_merge_refuses_bad_input_naming_the_file(
     assert re.search(message, err), err
     assert "Traceback" not in err
     assert not out.exists()  # nothing half-written
+
+
+def test_merge_refuses_a_schema_it_does_not_know(
+    doc: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    newer = write(tmp_path / "newer.json", {**doc, "schema_version": 99})
+    assert main(["merge", str(newer), "-o", str(tmp_path / "out.json")]) == 1
+    err = capsys.readouterr().err
+    assert f"{newer}: written by a newer pytest-perfguard (schema 99 > 1): upgrade pytest-perfguard" in err
+    merged = write(tmp_path / "merged.json", {"kind": MERGED_KIND, "schema_version": 7, "runs": [doc]})
+    assert main(["merge", str(merged), "-o", str(tmp_path / "out.json")]) == 1
+    assert f"{merged}: merged by a newer pytest-perfguard (merged schema 7 > 1)" in capsys.readouterr().err
 
 
 def test_an_empty_merge_is_an_error(doc: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

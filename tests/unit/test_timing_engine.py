@@ -9,15 +9,24 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pytest_perfguard.baseline import BaselineEntry
 from pytest_perfguard.stats import relative_half_width
-from pytest_perfguard.timing import CpuTimer, MeasureConfig, Measurement, choose_reps, measure, pooled
+from pytest_perfguard.timing import (
+    CpuTimer,
+    MeasureConfig,
+    Measurement,
+    SampleTime,
+    choose_reps,
+    measure,
+    pooled,
+)
 from pytest_perfguard.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, ab_gate, ab_progress, decide
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json"
@@ -278,6 +287,58 @@ def test_slow_calls_get_fewer_samples_per_block(call_ms: float, expected_spb: in
     assert m.samples_per_block == expected_spb
     if call_ms >= 5.0:
         assert m.reps == 1
+
+
+class LaunchBoundTimer:
+    """A CUDA-like timer on the fake clock: one launch on an idle queue reads the host's launch latency
+    (as a freshly started machine's first process does), a replayed sample of n calls reads
+    n * kernel + one replay's fixed cost."""
+
+    kind = "cuda"
+
+    def __init__(self, clock: FakeClock, launch_ns: float, replay_ns: float) -> None:
+        self.clock, self.launch_ns, self.replay_ns = clock, launch_ns, replay_ns
+
+    def prepare(self, calls: Sequence[Callable[[], object]]) -> Any:
+        timer = self
+
+        class Sample:
+            mode, reps = "cuda-graph", len(calls)
+
+            def __call__(self) -> SampleTime:
+                t0 = timer.clock.now
+                for call in calls:
+                    call()
+                timer.clock.now += int(timer.replay_ns)
+                per = (timer.clock.now - t0) / len(calls)
+                return SampleTime(per, per)
+
+        return Sample()
+
+    def now_ns(self) -> int:
+        return self.clock.now
+
+    def single_call_ns(self, call: Callable[[], object]) -> float:
+        t0 = self.clock.now
+        call()
+        return max(float(self.clock.now - t0), self.launch_ns)
+
+    def overhead_ns(self) -> float:
+        return 0.0
+
+
+def test_reps_come_from_replays_not_from_one_launch_on_an_idle_queue() -> None:
+    """8 us kernel, 60 us launch latency, 7 us per replay: one launch would choose 4 calls a sample (each
+    sample then reads 9.75 us a call, +22%); replays choose 25, and the per-call time is within 4%."""
+    clock = FakeClock()
+    timer = LaunchBoundTimer(clock, launch_ns=60_000.0, replay_ns=7_000.0)
+    cfg = MeasureConfig(target=0.5, budget_s=1.0)
+    assert choose_reps(60_000.0, cfg, 0) == 4
+    m = measure(kernel(clock, lambda: 8_000.0), kernel(clock, lambda: 8_000.0), timer, cfg, rng=random.Random(3))
+    assert m.reps >= 24  # three rounds: 4 -> 21 -> 24 -> 25
+    assert m.time.estimate == pytest.approx(8_000.0, rel=0.04)
+    cpu = measure(kernel(clock, lambda: 8_000.0), None, CpuTimer(clock), cfg, rng=random.Random(3))
+    assert cpu.reps == 25  # a host timer has no launch latency to refine away
 
 
 def test_copies_override_reps_and_pooling_keeps_all_blocks() -> None:

@@ -1,0 +1,185 @@
+"""Runs over several devices, on CPU: what the summary counts, and how a run picks and names its GPUs.
+
+The GPU side (every step of a case on its own GPU, `-n 2` against `-n 0`) is in tests/gpu/test_multi_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_perfguard import xdist_support as xd
+from pytest_perfguard.device import timing_gpus
+from tests.test_plugin import CONFTEST, MODES, _case, run
+
+pytest_plugins = ["pytester"]
+
+# A kernel that answers its timed calls from the last untimed one: the timed-output check flags it.
+STALE = """
+import sys
+
+def stale(ns):
+    last = {}
+    def kernel(q, k, v, causal):
+        CLOCK.t += ns
+        frame, timed = sys._getframe(1), False
+        for _ in range(5):
+            if frame is None:
+                break
+            timed = timed or frame.f_code.co_filename.endswith("timing.py")
+            frame = frame.f_back
+        if not (timed and q.shape in last):
+            last[q.shape] = reference(q, k, v, causal)
+        return last[q.shape]
+    return kernel
+"""
+
+
+@pytest.fixture
+def flagged(pytester: pytest.Pytester) -> pytest.Pytester:
+    """Per shape: two honest variants and one the timed-output check flags."""
+    pytester.makeconftest(CONFTEST + STALE)
+    case = _case(extra=', "stale": stale(1000)').replace(
+        "from conftest import CLOCK, reference, timed", "from conftest import CLOCK, reference, stale, timed"
+    )
+    pytester.makepyfile(test_k=case)
+    return pytester
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_flagged_case_is_not_called_new(flagged: pytest.Pytester, mode: str) -> None:
+    result = run(flagged, MODES[mode], "--perfguard")
+    result.assert_outcomes(passed=4, failed=2)
+    result.stdout.fnmatch_lines(["*stale: flagged: timed output wrong*"])
+    result.stdout.fnmatch_lines(
+        ["perfguard: 0 of 6 timed case(s) compared with the baseline; not compared: 2 flagged, 4 new (no baseline*"]
+    )
+
+
+@pytest.mark.slow
+def test_a_run_of_flagged_cases_only_does_not_ask_for_a_baseline(flagged: pytest.Pytester) -> None:
+    result = run(flagged, MODES["no-xdist"], "--perfguard", "-k", "stale", env={"CI": "true"})
+    result.assert_outcomes(failed=2, deselected=4)
+    result.stdout.fnmatch_lines(["perfguard: 0 of 2 timed case(s) compared with the baseline; not compared: 2 flagged"])
+    out = result.stdout.str()
+    assert "new (no baseline" not in out and "no timed case was compared with anything" not in out
+
+
+# ---------------------------------------------------------------------------------------- one host, N GPUs
+
+H100 = "NVIDIA H100 80GB HBM3"
+L4 = "NVIDIA L4"
+
+
+def test_timing_gpus_are_those_of_the_first_gpus_model() -> None:
+    assert timing_gpus([H100, H100]) == [0, 1]
+    assert timing_gpus([H100, L4, H100]) == [0, 2]
+    assert timing_gpus([L4, H100, H100], first=1) == [1, 2]
+    assert timing_gpus([]) == []
+
+
+def test_the_header_lists_the_gpus_used_and_why_others_are_not() -> None:
+    assert xd.gpu_lines([H100, H100], 2, enabled=True) == [
+        f"perfguard: GPUs used: cuda:0, cuda:1 ({H100}), one xdist worker each"
+    ]
+    assert xd.gpu_lines([H100, H100], 0, enabled=True, pinned=1) == [f"perfguard: GPUs used: cuda:1 ({H100})"]
+    mixed = xd.gpu_lines([H100, L4, H100], 2, enabled=True)
+    assert mixed[0] == f"perfguard: GPUs used: cuda:0, cuda:2 ({H100}), one xdist worker each"
+    assert mixed[1].startswith(f"perfguard: GPUs not used: cuda:1 ({L4}): not the model of cuda:0")
+    assert "--perfguard-device cuda:1 (their own baseline file)" in mixed[1]
+    # Correctness alone compares with no stored time: every GPU checks cases.
+    assert xd.gpu_lines([H100, L4], 2, enabled=False) == [
+        f"perfguard: GPUs used: cuda:0 ({H100}); cuda:1 ({L4}), one xdist worker each"
+    ]
+    busy = xd.gpu_lines([H100, H100], 4, enabled=True)
+    assert busy == [
+        f"perfguard: GPUs used: cuda:0, cuda:1 ({H100}), 4 xdist workers over them (they take turns timing on each GPU)"
+    ]
+    idle = xd.gpu_lines([H100, H100, H100], 2, enabled=True)
+    assert idle[1] == f"perfguard: GPUs idle: cuda:2 ({H100}): -n 2 starts fewer workers; -n auto starts one each"
+    assert xd.gpu_lines([], 2, enabled=True) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "names", "expected"),
+    [
+        (["--perfguard"], [H100, H100], 2),
+        (["--perfguard"], [H100, L4, H100, L4], 2),
+        (["--perfguard-against", "HEAD"], [H100] * 4, 4),
+        (["--perfguard", "--perfguard-device", "cuda:1"], [H100, H100], 1),
+        (["--perfguard", "--perfguard-device", "cpu"], [H100, H100], None),
+        (["--perfguard"], [], None),
+        ([], [H100, H100], None),  # correctness alone: xdist's own count (one per CPU)
+    ],
+)
+def test_n_auto_starts_one_worker_per_timing_gpu(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str], names: list[str], expected: int | None
+) -> None:
+    monkeypatch.setattr(xd, "gpu_names", lambda: names)
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    config = pytester.parseconfig(*args)
+    assert xd.auto_workers(config) == expected
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert xd.auto_workers(config) is None  # the user's count wins
+
+
+@pytest.mark.parametrize(
+    ("worker", "enabled", "expected"), [("gw0", True, 0), ("gw1", True, 2), ("gw2", True, 0), ("gw1", False, 1)]
+)
+def test_worker_n_takes_the_nth_gpu_of_the_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, worker: str, enabled: bool, expected: int
+) -> None:
+    monkeypatch.setattr(xd, "gpu_names", lambda: [H100, L4, H100])
+    config = pytester.parseconfig()
+    config.workerinput = {"workerid": worker}  # type: ignore[attr-defined]
+    assert xd.worker_gpu(config, enabled=enabled) == f"cuda:{expected}"
+
+
+def test_a_worker_takes_the_gpu_the_controller_gave_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(xd, "gpu_names", lambda: [H100, H100])
+    config = pytester.parseconfig()
+    config.workerinput = {"workerid": "gw2", xd.GPU_KEY: 1}  # type: ignore[attr-defined]
+    assert xd.worker_gpu(config, enabled=True) == "cuda:1"
+
+
+def test_the_replacement_of_a_crashed_worker_takes_its_gpu() -> None:
+    shares = xd.GpuShares([0, 2])
+    assert [shares.take(f"gw{i}") for i in range(4)] == [0, 2, 0, 2]
+    shares.release("gw1")  # gw1 (on cuda:2) crashed; xdist starts gw4
+    assert shares.take("gw4") == 2
+    assert xd.GpuShares([]).take("gw0") is None
+
+
+@pytest.mark.slow
+def test_n_auto_under_perfguard_starts_as_many_workers_as_timing_gpus(flagged: pytest.Pytester) -> None:
+    """xdist asks the plugin for `-n auto`'s count: two H100s beside an L4 give two workers (on this CPU host
+    the cases then run on the CPU)."""
+    conftest = flagged.path / "conftest.py"
+    conftest.write_text(
+        conftest.read_text()
+        + "\nimport pytest_perfguard.xdist_support as xd\nxd.gpu_names = lambda: ['H100', 'L4', 'H100']\n"
+    )
+    result = run(flagged, ["-n", "auto"], "--perfguard", "-k", "fast")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["created: 2/2 workers"])
+
+
+def test_the_device_lock_is_named_after_the_gpus_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes that number one GPU differently (CUDA_VISIBLE_DEVICES) take one lock for it."""
+    import torch
+
+    from pytest_perfguard import device
+
+    class Props:
+        uuid = "58d5c8a0-1b2c-4d5e-8f90-a1b2c3d4e5f6"
+
+    device.lock_name.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    try:
+        assert device.lock_name("cuda:1") == "gpu-58d5c8a0-1b2c-4d5e-8f90-a1b2c3d4e5f6"
+        assert device.lock_name("cpu") == "cpu"
+    finally:
+        device.lock_name.cache_clear()

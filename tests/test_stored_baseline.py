@@ -1,0 +1,119 @@
+"""The stored baseline end to end: an update measures every case in several processes, a process that
+reads a case apart from the others is outvoted, a case whose processes keep disagreeing is stored as
+unstable and judged inconclusive, and a one-process (thin) baseline says so.
+
+The fake kernels of tests/test_plugin.py move a fake clock; the slow first process of a freshly started
+machine is planted in the parent process only (an environment variable it pops, so the fresh processes the
+update starts do not see it), as benchmarks/results/fresh_machine_2026-11-25 measured it on an H100.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_plugin import CONFTEST, _case, baseline_json, run
+
+pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow  # every test runs the plugin end to end, in several processes
+
+NO_XDIST = ["-p", "no:xdist"]
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    (pytester.path / ".ci" / "baselines").mkdir(parents=True)
+    return pytester
+
+
+def _slow_first_process() -> str:
+    return _case().replace(
+        'SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', 'SLOW = float(os.environ.pop("PLANT_ONCE", "1.0"))'
+    )
+
+
+def test_under_xdist_the_controller_runs_the_further_processes(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_case())
+    result = run(project, ["-n", "2"], "--perfguard-update-baseline", env={"PERFGUARD_UPDATE_PROCESSES": "3"})
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*4 added*each case measured in 3 process(es)*"])
+    assert all(len(e["samples"]) == 3 for e in baseline_json(project)["cases"].values())
+
+
+def test_a_slow_first_process_is_outvoted_not_stored(project: pytest.Pytester) -> None:
+    project.makepyfile(test_k=_slow_first_process())
+    result = run(
+        project, NO_XDIST, "--perfguard-update-baseline", env={"PLANT_ONCE": "1.5", "PERFGUARD_UPDATE_PROCESSES": "3"}
+    )
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "*2 case(s) had a process median apart from the others; measured once more, 2 agreed*",
+            "*4 added*each case measured in 3 process(es)*",
+        ]
+    )
+    cases = baseline_json(project)["cases"]
+    assert len(cases) == 4
+    for case_id, e in cases.items():
+        assert e["runs"] == 3 and len(e["samples"]) == 3 and e["unstable"] is False, case_id
+        # the 1.5x slow first process was dropped: every stored process read about 1x
+        times = [s["median_ns"] for s in e["samples"]]
+        assert max(times) / min(times) < 1.2, (case_id, times)
+    fast = [e for k, e in cases.items() if "[fast-" in k]
+    assert all(e["median_ns"] < 1_200 for e in fast)
+    # judged against that sample, an unchanged second run passes
+    run(project, NO_XDIST, "--perfguard").assert_outcomes(passed=4)
+
+
+UNSTABLE = """
+import os
+from pathlib import Path
+
+# Every process that imports this file counts itself; odd ones run the kernel 30% slower, so its update
+# processes read 1.0, 1.3, 1.0 and the re-measurement 1.3: they never agree.
+_COUNTER = Path(os.environ["COUNTER_FILE"])
+_N = int(_COUNTER.read_text()) if _COUNTER.exists() else 0
+_COUNTER.write_text(str(_N + 1))
+FLIP = 1.3 if _N % 2 else 1.0
+"""
+
+
+def test_a_case_whose_processes_keep_disagreeing_is_stored_unstable_and_judged_inconclusive(
+    project: pytest.Pytester,
+) -> None:
+    code = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', UNSTABLE + "\nSLOW = FLIP")
+    project.makepyfile(test_k=code)
+    env = {"PERFGUARD_UPDATE_PROCESSES": "3", "COUNTER_FILE": str(project.path / "counter")}
+    result = run(project, NO_XDIST, "--perfguard-update-baseline", "-k", "fast", env=env)
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*2 case(s) had a process median apart*0 agreed*2 stayed unstable*"])
+    cases = baseline_json(project)["cases"]
+    assert all(e["unstable"] is True and e["runs"] == 4 for e in cases.values()), cases
+    result = run(project, NO_XDIST, "--perfguard", "-k", "fast", "--perfguard-json", "g.json", env=env)
+    result.assert_outcomes(passed=2, deselected=2)
+    doc = json.loads((project.path / "g.json").read_text())
+    assert [r["verdict"] for r in doc["results"]] == ["inconclusive", "inconclusive"]
+    assert all("unstable baseline" in r["reasons"][0] for r in doc["results"])
+
+
+def test_an_old_one_number_file_is_read_migrated_and_its_cases_stay_judged(project: pytest.Pytester) -> None:
+    """A schema 1 file (one number per case) keeps working: it migrates in memory, and `perfguard migrate`
+    rewrites it as one-process samples."""
+    project.makepyfile(test_k=_case())
+    run(project, NO_XDIST, "--perfguard-update-baseline", env={"PERFGUARD_UPDATE_PROCESSES": "1"})
+    path = next((project.path / ".ci" / "baselines").glob("*.json"))
+    doc = json.loads(path.read_text())
+    old = {"schema_version": 1, "device": doc["device"], "cases": {}}
+    for case_id, e in doc["cases"].items():
+        old["cases"][case_id] = {k: v for k, v in e.items() if k not in ("samples", "unstable")}
+    path.write_text(json.dumps(old))
+    result = run(project, NO_XDIST, "--perfguard")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*4 stored case(s) rest on one process, a thin baseline*--perfguard-update-baseline*"])
+    assert json.loads(path.read_text())["schema_version"] == 1  # reading never rewrites the file
+    result = project.run("perfguard", "migrate", str(path))
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    migrated = json.loads(path.read_text())
+    assert migrated["schema_version"] == 2
+    assert all(len(e["samples"]) == 1 and e["runs"] == 1 for e in migrated["cases"].values())

@@ -1,0 +1,117 @@
+"""The stored baseline's decision rules (policy.py): the prediction bound, the moderated spread, which
+process disagrees, and the machine-moved rule of the time gate."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from scipy import stats as sps
+
+from pytest_perfguard import policy
+from pytest_perfguard import verdict as vd
+from pytest_perfguard.baseline import BaselineEntry, ProcessSample
+from pytest_perfguard.stats import t_quantile
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 6, 9, 15, 30, 60])
+@pytest.mark.parametrize("p", [0.9, 0.975, 0.99, 0.995, 0.025])
+def test_t_quantile_matches_scipy(df: int, p: float) -> None:
+    assert t_quantile(p, df) == pytest.approx(sps.t.ppf(p, df), rel=1e-7)
+
+
+def test_prediction_bound_is_t_times_spread_times_root_one_plus_one_over_k() -> None:
+    assert policy.prediction_bound(0.01, 3) == pytest.approx(sps.t.ppf(0.99, 2) * 0.01 * math.sqrt(4 / 3))
+    with pytest.raises(ValueError):
+        policy.prediction_bound(0.01, 1)
+
+
+def test_threshold_never_below_the_margin_and_one_process_falls_back_to_k_times_noise() -> None:
+    assert policy.sample_threshold(0.05, 0.0, 3, 0.005) >= 0.05
+    assert policy.sample_threshold(0.05, 0.03, 1, 0.005) == pytest.approx(4 * 0.03)
+    wide = policy.sample_threshold(0.05, 0.03, 3, 0.005)
+    assert wide == pytest.approx(math.expm1(sps.t.ppf(0.99, 2) * 0.03 * math.sqrt(4 / 3)))
+
+
+def test_a_files_typical_spread_moderates_three_processes() -> None:
+    """Three processes alone give 2 degrees of freedom (t = 6.96); borrowing the file's typical spread
+    gives 6 and a threshold a third as wide, while a case noisier than the rest keeps a wider one."""
+    alone = policy.sample_threshold(0.01, 0.01, 3, 0.0)
+    shared = policy.sample_threshold(0.01, 0.01, 3, 0.0, prior=0.01)
+    noisy = policy.sample_threshold(0.01, 0.05, 3, 0.0, prior=0.01)
+    assert shared < alone / 2 and noisy > shared
+    sd, dof = policy.moderated_spread(0.02, 3, 0.01)
+    assert dof == 6 and sd == pytest.approx(math.sqrt((2 * 0.02**2 + 4 * 0.01**2) / 6))
+    assert policy.prior_spread([0.01, 0.5, 0.02]) == 0.02  # the median: one noisy case does not set it
+
+
+def test_discordant_names_the_process_apart_from_the_others() -> None:
+    limit = policy.discord_limit(0.05, 0.005)
+    assert limit == pytest.approx(math.log1p(0.05) / 2)
+    assert policy.discordant([12.19, 8.37, 8.40], limit) == [0]  # the fresh machine's first process
+    assert policy.discordant([8.37, 8.40, 8.45], limit) == []
+    assert policy.discordant([8.0, 10.0], limit) == [0, 1]  # two that disagree: neither can be trusted
+    assert policy.discord_limit(0.05, 0.005, [0.02]) == pytest.approx(0.08)  # a wide in-run interval widens it
+
+
+def test_the_discordance_rule_on_recorded_h200_noise_rarely_fires() -> None:
+    """Process medians of real H200 block noise (tests/data), three processes a case: the rule calls few
+    unchanged cases discordant, so an update re-measures little on a quiet GPU."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json").read_text())
+    rng = random.Random(5)
+    fired = total = 0
+    for case in data["cases"].values():
+        blocks = [sorted(b)[len(b) // 2] for b in case["sdpa_l2flush"]]
+        for _ in range(50):
+            medians = [sorted(rng.sample(blocks, 10))[5] for _ in range(3)]
+            fired += bool(policy.discordant(medians, policy.discord_limit(0.05, 0.005)))
+            total += 1
+    assert fired / total < 0.01
+
+
+def _sampled(times: list[float], against: list[float]) -> BaselineEntry:
+    return BaselineEntry.from_samples(
+        "t::c",
+        [ProcessSample(t, (t, t), t / a, a) for t, a in zip(times, against, strict=True)],
+        workload="w",
+        workload_desc="",
+        env={},
+        updated="",
+    )
+
+
+def _blocks(centre: float, n: int = 30, seed: int = 1) -> list[float]:
+    rng = random.Random(seed)
+    return [centre * math.exp(rng.gauss(0.0, 0.003)) for _ in range(n)]
+
+
+def test_a_slower_machine_makes_the_time_gate_not_comparable_and_the_ratio_gate_decides() -> None:
+    stored = _sampled([1000.0, 1002.0, 998.0], [800.0, 801.0, 799.0])
+    policy_ = vd.Policy(margin=0.05, noise_floor=0.005, ratio_noise_floor=0.005)
+    kw = {"workload": "w", "env": {}, "policy": policy_, "max_ratio": None, "incomparable": []}
+    # the whole machine 10% slower: variant and reference alike
+    moved = vd.decide(_blocks(1100.0), _blocks(880.0, seed=2), stored, **kw)
+    time_gate, ratio_gate = moved.gates
+    assert time_gate.status is vd.NOT_COMPARABLE and vd.MACHINE_MOVED in time_gate.reason
+    assert ratio_gate.status is vd.PASS and moved.status is vd.NOT_COMPARABLE
+    # the variant alone 10% slower: a regression, by both gates
+    slower = vd.decide(_blocks(1100.0), _blocks(800.0, seed=2), stored, **kw)
+    assert [g.status for g in slower.gates] == [vd.REGRESSED, vd.REGRESSED]
+    # the machine 10% slower and the variant 25% slower: the ratio gate still fails it
+    both = vd.decide(_blocks(1250.0), _blocks(880.0, seed=2), stored, **kw)
+    assert both.status is vd.REGRESSED
+
+
+def test_an_unstable_entry_is_inconclusive_never_pass_or_fail() -> None:
+    stored = _sampled([1000.0, 1300.0, 1000.0], [800.0, 800.0, 800.0])
+    unstable = BaselineEntry.from_samples(
+        "t::c", stored.samples, workload="w", workload_desc="", env={}, updated="", unstable=True
+    )
+    kw = {"workload": "w", "env": {}, "policy": vd.Policy(margin=0.05), "max_ratio": None, "incomparable": []}
+    for centre in (1000.0, 2000.0):
+        v = vd.decide(_blocks(centre), _blocks(800.0, seed=2), unstable, **kw)
+        assert v.status is vd.INCONCLUSIVE and "unstable baseline" in v.gates[0].reason
