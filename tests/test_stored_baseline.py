@@ -117,3 +117,24 @@ def test_an_old_one_number_file_is_read_migrated_and_its_cases_stay_judged(proje
     migrated = json.loads(path.read_text())
     assert migrated["schema_version"] == 2
     assert all(len(e["samples"]) == 1 and e["runs"] == 1 for e in migrated["cases"].values())
+
+
+@pytest.mark.parametrize("mode", [NO_XDIST, ["-n", "0"], ["-n", "2"]], ids=["no-xdist", "n0", "n2"])
+def test_when_the_reference_moved_with_the_case_the_machine_moved_and_the_ratio_decides(
+    project: pytest.Pytester, mode: list[str]
+) -> None:
+    """Another machine of the model, 30% slower for the variant and the reference alike: the time gate is
+    not comparable and the ratio gate passes it; a variant slowed on its own still fails."""
+    project.makepyfile(test_k=_case())
+    run(project, NO_XDIST, "--perfguard-update-baseline").assert_outcomes(passed=4)
+    machine = {"PLANT_SLOWDOWN": "1.3", "PLANT_AGAINST": "1.3"}
+    result = run(project, mode, "--perfguard", "-k", "fast", "--perfguard-json", "m.json", env=machine)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*in 2 of 2 timed case(s) the reference moved past the threshold with the case*"])
+    doc = json.loads((project.path / "m.json").read_text())
+    for r in doc["results"]:
+        gates = {g["gate"]: g for g in r["gates"]}
+        assert gates["baseline"]["status"] == "not comparable" and "this GPU runs slower" in gates["baseline"]["reason"]
+        assert gates["ratio"]["status"] == "pass"
+    result = run(project, mode, "--perfguard", "-k", "fast", env={"PLANT_SLOWDOWN": "1.3"})
+    result.assert_outcomes(failed=2)
