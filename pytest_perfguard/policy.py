@@ -36,8 +36,8 @@ DEFAULT_UPDATE_PROCESSES = 3
 # An update's process median that sits further than this from the others' median, and further than
 # DISCORD_CI_K of its in-run half-widths, is discordant: the case is measured once more.
 DISCORD_CI_K = 4.0
-# When more than this share of the timed cases regress at once and `against` moved with them, the machine
-# moved, not the code.
+# When the reference moved with more than this share of the timed cases, the summary says to compare on like
+# machines or record the baseline on this one (session._compared; the rule itself: verdict._machine_moved).
 MACHINE_MOVED_SHARE = 0.25
 
 
@@ -112,9 +112,3 @@ def discordant(values: Sequence[float], limit: float) -> list[int]:
     mid = len(logs) // 2
     centre = logs[mid] if len(logs) % 2 else 0.5 * (logs[mid - 1] + logs[mid])
     return [i for i, v in enumerate(values) if abs(math.log(v) - centre) > limit]
-
-
-def machine_moved(regressed: int, timed: int, against_moved: int) -> bool:
-    """More than MACHINE_MOVED_SHARE of the timed cases regressed at once, and in most of them `against`
-    (timed in the same blocks) moved past the threshold too: the machine moved, not the code."""
-    return timed > 0 and regressed > MACHINE_MOVED_SHARE * timed and against_moved * 2 > regressed
