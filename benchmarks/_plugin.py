@@ -10,3 +10,7 @@ def plugin_args() -> list[str]:
     without the package): pytest finds an installed one through its entry point, and loading it twice fails."""
     installed = any(ep.name == "perfguard" for ep in entry_points(group="pytest11"))
     return [] if installed else ["-p", "pytest_perfguard.plugin"]
+
+
+if __name__ == "__main__":  # for benchmarks/_suite.sh: the arguments on one line (empty when installed)
+    print(" ".join(plugin_args()))

@@ -4,7 +4,8 @@
 # every "regressed" verdict in a guard run is a false alarm. Several calls can share one campaign: with
 # UPDATES=0 the call only adds guard runs against the baseline in .ci/baselines/.
 #   [AA_START=K] bash benchmarks/aa_campaign.sh OUTDIR UPDATES SECONDS [pytest args...]
-# OUTDIR: for example benchmarks/out/aa (git ignores benchmarks/out/).
+# OUTDIR: for example benchmarks/out/aa (git ignores benchmarks/out/). Each run's results, its log and a
+# line in OUTDIR/runs.txt (benchmarks/_suite.sh); the baseline is copied to OUTDIR at the end.
 # Then: python benchmarks/aa_rejudge.py OUTDIR/<device>.json OUTDIR/aa_{1..N}.json  (numeric order: the
 # fresh-process confirmation is modelled by pairing run i with run i+1)
 set -uo pipefail
@@ -12,19 +13,19 @@ out=${1:?usage: aa_campaign.sh OUTDIR UPDATES SECONDS [pytest args...]}
 updates=${2:?UPDATES}
 budget=${3:?SECONDS}
 shift 3
+. "$(dirname "$0")/_suite.sh"
 mkdir -p "$out" .ci/baselines
 export PYTHONUNBUFFERED=1
 start=$SECONDS
-{
-  date -u +%FT%TZ
-  nvidia-smi --query-gpu=name,uuid,driver_version,clocks.max.sm,clocks.max.mem --format=csv
-  python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} >> "$out/device.txt" 2>&1
-run() {  # run NAME pytest-args...
-  local name=$1; shift
-  local t0=$SECONDS
-  python -m pytest tests/perf -p no:cacheprovider -q --perfguard-json "$out/$name.json" "$@" > "$out/$name.log" 2>&1
-  echo "$name: rc=$? $(tail -1 "$out/$name.log") [$((SECONDS - t0)) s]" | tee -a "$out/campaign.txt"
+suite_device "$out"
+run() {  # NAME pytest-args...: one run; pytest exit codes above 1 (interrupted, internal or usage error,
+  # no tests collected) end the campaign rather than repeat the same failure until SECONDS are spent
+  suite_run "$out" "$1" --perfguard-json "$out/$1.json" "${@:2}"
+  local rc=$?
+  if (( rc > 1 )); then
+    echo "aa_campaign.sh: $1 ended with pytest exit code $rc, not a verdict; see $out/$1.log. Campaign stopped." >&2
+    exit "$rc"
+  fi
 }
 if (( updates > 0 )); then
   rm -f .ci/baselines/*.json  # a fresh baseline for this machine, not folded into another machine's

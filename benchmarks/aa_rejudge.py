@@ -22,7 +22,9 @@ Usage: python benchmarks/aa_rejudge.py BASELINE.json RESULTS.json [RESULTS.json 
            [--margins 0.02,...] [--shifts 0.02,0.03,0.05,0.10 | --shifts ""] [--case-margins 0.05,0.03]
            [--target 0.03] [--fa-verdicts 1000] [--tablefmt simple|github]
 With `--shifts ""` only the false-alarm table is printed. Machine B's campaign (19 runs) takes about three
-minutes on a CPU; `decide` is called for every verdict of the power table.
+minutes on a CPU; `decide` is called for every verdict of the power table. Only records that carry their
+block lists are re-judged, each in its live run's family (`summary.family_size`), so a results file cut to
+the blocks of a few cases (benchmarks/results/h200_2026-11-21/raw.tar.xz) gives those cases' rows.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class Record:
 
     run: int
     case: str
-    family: int  # timed cases in its run: the Bonferroni family the live verdict used
+    family: int  # timed cases in its run (summary.family_size): the Bonferroni family the live verdict used
     blocks: tuple[float, ...]
     against: tuple[float, ...] | None
     workload: str
@@ -94,7 +96,10 @@ def load(baseline: Path, results: Sequence[Path]) -> tuple[list[list[Record]], i
     runs: list[list[Record]] = []
     missing = 0
     for i, path in enumerate(results):
-        timed = [r for r in json.loads(path.read_text())["results"] if r.get("variant_blocks")]
+        doc = json.loads(path.read_text())
+        timed = [r for r in doc["results"] if r.get("variant_blocks")]
+        # The live run's family; a file cut to the block lists of a few cases keeps it in its summary.
+        family = int(doc.get("summary", {}).get("family_size") or len(timed))
         run: list[Record] = []
         for r in timed:
             stored = base.cases.get(r["id"])
@@ -106,7 +111,7 @@ def load(baseline: Path, results: Sequence[Path]) -> tuple[list[list[Record]], i
                 Record(
                     run=i,
                     case=r["id"],
-                    family=len(timed),
+                    family=family,
                     blocks=tuple(r["variant_blocks"]),
                     against=tuple(against) if against else None,
                     workload=r["workload"],

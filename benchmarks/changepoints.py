@@ -3,7 +3,7 @@
 A simulation on a CPU. Each series is one case's history on main: one estimate per run (commit), searched
 by `perfguard history changes` (pytest_perfguard.history.find_changes, Otava's E-Divisive).
 
-Noise model, from `tests/data/h200_attention_timing_samples.json` (12 series: 4 shapes x 3 kernels):
+Noise model, from `tests/data/h200_attention_timing_samples.json.xz` (12 series: 4 shapes x 3 kernels):
   * a block is the median of a resample of one recorded block's launches (the first launch of every
     recorded block is a cold launch and is left out, as in benchmarks/verdict_quality.py);
   * a run's estimate is the median of ``--blocks`` such blocks, times exp(g): g ~ N(0, s) is the
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import math
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ import numpy as np
 
 from pytest_perfguard.history import change_indices
 
-DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json.xz"
 CLASSES = {"device": "sdpa_l2flush", "multi-kernel": "naive", "launch-bound": "sdpa"}
 POOL_BLOCKS = 2000
 RUNS = 60
@@ -45,7 +46,7 @@ RUNS = 60
 
 def block_pools(kernel: str, rng: np.random.Generator, size: int = POOL_BLOCKS, path: Path = DATA) -> list[np.ndarray]:
     """Per recorded case, ``size`` synthetic block medians (ns) of ``kernel``."""
-    cases = json.loads(path.read_text())["cases"]
+    cases = json.loads(lzma.decompress(path.read_bytes()))["cases"]
     pools = []
     for case in sorted(cases):
         blocks = [np.asarray(block[1:], dtype=np.float64) * 1e3 for block in cases[case][kernel]]

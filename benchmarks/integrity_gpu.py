@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _output import DEFAULT_DIR  # noqa: E402
-from _plugin import plugin_args  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from benchmarks._output import DEFAULT_DIR  # noqa: E402
+from benchmarks._plugin import plugin_args  # noqa: E402
 
 CHEAT_CASES = """
 import pytest

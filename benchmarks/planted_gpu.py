@@ -39,6 +39,7 @@ import torch
 from tabulate import tabulate
 
 from benchmarks._output import output_paths
+from benchmarks._timing import EventTimer
 from kernels import KERNELS, sdpa
 from pytest_perfguard import verdict as vd
 from pytest_perfguard.baseline import BaselineEntry, read_baseline
@@ -118,13 +119,8 @@ class Calibrator:
 
 
 def ns_per_cycle() -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)
-    start.record()
-    torch.cuda._sleep(20_000_000)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e6 / 20_000_000
+    torch.cuda._sleep(1_000_000)  # the queue is busy when the timed spin starts
+    return EventTimer()(lambda: torch.cuda._sleep(20_000_000)) * 1e6 / 20_000_000
 
 
 def judge(m: Measurement, stored: BaselineEntry, policy: vd.Policy) -> vd.Verdict:

@@ -4,22 +4,21 @@
 #   record OUT   : the update as the machine's first process (3 processes by default)
 #   guard OUT N  : N guard runs against that baseline
 #   plant OUT X  : one guard run against the baseline with every stored time made X faster (a planted +X)
-# The baseline lives in benchmarks/out/bl (ignored), so later calls on the same machine find it.
+# The baseline lives in benchmarks/out/bl (ignored), so later calls on the same machine find it. Each run's
+# results, log and line in OUT/runs.txt: benchmarks/_suite.sh.
 set -uo pipefail
 phase=${1:?phase}; out=${2:?out dir}; arg=${3:-}
+. "$(dirname "$0")/_suite.sh"
 bl=benchmarks/out/bl; mkdir -p "$out" "$bl"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 run() {  # name, pytest arguments...
   local name=$1; shift
-  local t0; t0=$(date +%s.%N)
-  python -m pytest tests/perf -p pytest_perfguard.plugin -p no:cacheprovider -q "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc wall_s=$(python -c "import time; print(round(time.time()-$t0, 1))")" | tee -a "$out/marks.txt"
+  suite_run "$out" "$name" "$@"
   tail -n 4 "$out/$name.log"
 }
 case $phase in
   record)
-    python benchmarks/nvml_trace.py --out "$out/nvml.csv" --interval 0.2 & trace=$!
+    python benchmarks/nvml_trace.py --out "$out/nvml.csv" --interval 0.2 --t0 "$SUITE_T0" & trace=$!
     run update --perfguard-update-baseline --perfguard-baseline-dir "$bl" --perfguard-json "$out/update.json"
     kill "$trace"; cp "$bl"/*.json "$out/baseline.json" ;;
   guard)

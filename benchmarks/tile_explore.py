@@ -20,7 +20,6 @@ H100/H200 the default is cuDNN; on an L4, sm_89, torch's dispatcher puts flash f
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._output import output_paths  # noqa: E402
+from benchmarks.attention import Timing  # noqa: E402
 from kernels import KERNELS  # noqa: E402
 from kernels.reference import AttentionFn  # noqa: E402
 from kernels.sdpa import make_sdpa, sdpa  # noqa: E402
@@ -110,15 +110,6 @@ def build_cuda() -> Any:
     )
 
 
-def load_timing() -> Any:
-    spec = importlib.util.spec_from_file_location("attention_bench", ROOT / "benchmarks" / "attention.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["attention_bench"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def max_err(fn: AttentionFn) -> float:
     """Worst |fn - float32 math| over small causal and non-causal shapes, relative to SDPA-fp16's own error."""
     worst = 0.0
@@ -142,8 +133,7 @@ def main() -> int:
     ap.add_argument("--against", default=None, help="SDPA backend to pair with (default: its default dispatch)")
     args = ap.parse_args()
     ref = make_sdpa(args.against)
-    bench = load_timing()
-    timing = bench.Timing(torch.device("cuda"), calls=8, replays=30, budget_s=args.budget, use_engine=True)
+    timing = Timing(torch.device("cuda"), calls=8, replays=30, budget_s=args.budget, use_engine=True)
     candidates: list[tuple[str, AttentionFn]] = []
     if args.shipped:
         candidates = [(name, KERNELS[name]) for name in ("triton_flash", "cuda_wmma")]

@@ -26,6 +26,7 @@ import torch
 from tabulate import tabulate
 
 from benchmarks._output import output_paths
+from benchmarks._timing import EventTimer
 from kernels.reference import math_attention
 from kernels.sdpa import sdpa, sdpa_backend
 from pytest_perfguard.timing import CudaTimer, MeasureConfig, measure
@@ -34,15 +35,12 @@ SHAPES = [(1, 1, 128, 64), (8, 8, 128, 64), (16, 8, 512, 64), (4, 16, 2048, 64)]
 
 
 def per_launch_us(fn, n: int = 200) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    """Median of n launches, each timed alone between two events on an idle queue."""
+    timer = EventTimer()
     times = []
     for _ in range(n):
         torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+        times.append(timer(fn) * 1e3)
     return statistics.median(times)
 
 

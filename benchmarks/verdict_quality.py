@@ -1,7 +1,7 @@
 """How good is the verdict? False alarms, detection power and time to verdict, on recorded H200 noise.
 
 A simulation on a CPU, not a GPU run. Fake kernels advance a fake nanosecond clock by per-launch
-durations resampled from `tests/data/h200_attention_timing_samples.json`, and the plugin's real engine
+durations resampled from `tests/data/h200_attention_timing_samples.json.xz`, and the plugin's real engine
 (`measure` with `CpuTimer(clock=...)`), real baseline entry (`session.entry_of` + `merge_entry`), real
 `decide` and the runner's re-measure-once rule judge them. The same simulated runs are then judged by
 the rules people use instead, so every rule sees exactly the same samples.
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import math
 import random
 import statistics
@@ -83,7 +84,7 @@ from pytest_perfguard.timing import (
 )
 from pytest_perfguard.verdict import FASTER, INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
 
-DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json.xz"
 
 DRIFTS = {
     # 12 fresh processes, SDPA and matmul+softmax+matmul, graph replay: median spread 0.02-0.42% (worst
@@ -144,7 +145,7 @@ def load_blocks(path: Path = DATA, *, keep_first_launch: bool = False) -> dict[s
     block median in every series): the engine's warm-up and discarded sample stand for it, so it is
     dropped unless asked for.
     """
-    raw = json.loads(path.read_text())
+    raw = json.loads(lzma.decompress(path.read_bytes()))
     scale = {"us": 1e3, "ms": 1e6, "ns": 1.0}[raw["unit"]]
     start = 0 if keep_first_launch else 1
     return {

@@ -43,12 +43,14 @@ from typing import Any
 
 import pytest
 
+from .baseline import BaselineFile
 from .gitrev import GitError, git
 from .jsonio import JSONFileError, dumps, locked, write_text_atomic
 from .locks import LockError, owner_only_dir
 from .marker import MARK_NAME, PerfCase, Variant
+from .policy import AB_OFFSET_LEVEL, AB_OFFSET_MIN_READINGS
 from .record import Status
-from .settings import BY_NAME, resolve
+from .settings import BY_NAME, Settings, convert, resolve
 
 PLUGIN_PACKAGE = "pytest_perfguard"
 CACHE_DIR_ENV = "PERFGUARD_CACHE_DIR"
@@ -91,6 +93,8 @@ class BaseTree:
     root: Path  # the base tree (the repository's top level at REV)
     alias: str
     modules: dict[Path, ModuleType | str] = field(default_factory=dict)  # test file -> module, or why not
+    # the per-process offsets the A/B gate counts, from 20 us and under, and where they came from
+    offsets: tuple[OffsetUse, OffsetUse] | None = None
 
     def describe(self) -> str:
         """REV, its commit and subject (so a log says which commit the run compared with), and its tree."""
@@ -603,3 +607,115 @@ def _redirected(alias: str, names: set[str]) -> Iterator[None]:
         for key in [k for k in sys.modules if shadowed(k)]:
             del sys.modules[key]
         sys.modules.update(saved)
+
+
+# ------------------------------------------------------------------------------------ the per-process offset
+#
+# Two loaded copies of the same code differ in each process by an offset that the head/base interval does not
+# sample; the A/B gate's MDE and stop rule count it (settings.AB_PROCESS_SD). Its built-in values were fitted
+# on H100s. An update fits it on the user's device: its fresh processes (session._process_samples) run as A/B
+# runs against HEAD (`aa_base`), so each variant is timed against its own twin, loaded from the cached tree of
+# HEAD exactly as `--perfguard-against` loads a base revision (separately built extensions included); each
+# process's head/base reading is stored with its sample, and the baseline file's readings give the fit
+# (baseline.AbOffset). An A/B run takes it from there (`use_stored_offset`).
+
+
+def aa_base(root: Path, baseline_dir: Path, *, keep_days: float = DEFAULT_CACHE_DAYS) -> tuple[str | None, str]:
+    """The commit an update's fresh processes time every variant against (A/A), its tree materialised in the
+    cache; or None and why there is none. Only HEAD of a clean checkout is the code the update measures: a
+    change to a tracked file would make the "A/A" an A/B of that change. Left out of that check: the baseline
+    folder (an earlier update's entries waiting to be committed are data, never imported) and untracked files
+    (git archive leaves them out of HEAD's tree, so a case in an untracked module has no twin and no reading)."""
+    try:
+        top = Path(git(root, "rev-parse", "--show-toplevel"))
+    except GitError as exc:
+        return None, f"{root} is not in a git repository ({exc})"
+    sha = _optional(top, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    if not sha:
+        return None, f"the git repository {top} has no commit yet"
+    pathspec = ["--", "."]
+    with contextlib.suppress(ValueError, OSError):
+        folder = Path(baseline_dir).resolve().relative_to(top.resolve()).as_posix()
+        if folder != ".":
+            pathspec.append(f":(exclude){folder}")
+    try:  # tracked files that differ from HEAD, staged or not
+        files = git(top, "diff", "--name-only", "--no-renames", "HEAD", *pathspec).splitlines()
+    except GitError as exc:
+        return None, f"git diff failed in {top} ({exc})"
+    if files:
+        listed = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        return None, (
+            f"the working tree has uncommitted changes ({listed}), so HEAD is not the code this update measured"
+        )
+    try:
+        materialise(top, sha, keep_days=keep_days)
+    except pytest.UsageError as exc:
+        return None, str(exc).removeprefix("perfguard: ")
+    return sha, ""
+
+
+_LARGEST_OFFSET = 0.099  # just under what the ab_process_sd settings accept
+
+
+@dataclass(frozen=True)
+class OffsetUse:
+    """The per-process offset the A/B gate counts for one size class, and where it came from: "setting" (the
+    command line, environment or ini), "fitted" (the baseline file's A/A readings) or "built-in"."""
+
+    size: str  # "from 20 us" or "under 20 us"
+    sd: float
+    source: str
+    detail: str
+
+    def line(self) -> str:
+        return f"perfguard: A/B per-process offset {self.size}: {self.sd:.2%}, {self.detail}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sd": self.sd, "source": self.source, "detail": self.detail}
+
+
+def use_stored_offset(
+    settings: Settings, baseline: BaselineFile | None, device: str, where: str
+) -> tuple[OffsetUse, OffsetUse]:
+    """The per-process offsets an A/B run counts, from 20 us and under: a value set by the user stays; else
+    the fit of the baseline file's A/A readings (`where` names the file) replaces the built-in value in
+    `settings`, for a size class with at least policy.AB_OFFSET_MIN_READINGS readings; else the built-in
+    H100 value stays. `device` is this GPU's id as samples name it (session.device_id)."""
+    fitted = baseline.ab_offset() if baseline is not None and baseline.exists else None
+    uses = []
+    for name, size, small in (("ab_process_sd", "from 20 us", False), ("ab_small_process_sd", "under 20 us", True)):
+        spec = BY_NAME[name]
+        fit = None if fitted is None else (fitted.small if small else fitted.large)
+        if name in settings.explicit:
+            detail = f"as set ({spec.option}, {spec.env} or {spec.ini})"
+            uses.append(OffsetUse(size, getattr(settings, name), "setting", detail))
+        elif fitted is not None and fit is not None and fit.readings >= AB_OFFSET_MIN_READINGS:
+            sd, past = fit.bound, ""
+            try:
+                convert(sd, spec)  # what the setting takes: fresh processes get the value as the setting
+            except ValueError:
+                sd, past = _LARGEST_OFFSET, f" (clamped to {_LARGEST_OFFSET:.2%}: no A/B margin covers such an offset)"
+            setattr(settings, name, sd)
+            cases = fitted.small_cases if small else fitted.large_cases
+            gpus = len(fitted.devices)
+            mine = "this one among them" if device in fitted.devices else "not this one"
+            dates = fitted.dates[0] if fitted.dates[0] == fitted.dates[1] else "..".join(fitted.dates)
+            detail = (
+                f"fitted on this device model: the {AB_OFFSET_LEVEL:.0%} upper bound of {fit.fit:.2%} from "
+                f"{fit.readings} A/A readings of {cases} case(s) ({fit.dof:.0f} dof) on {gpus} device(s), {mine}, "
+                f"{dates or 'undated'}, in {where}{past}"
+            )
+            uses.append(OffsetUse(size, sd, "fitted", detail))
+        else:
+            if fit is not None:
+                why = f"only {fit.readings} A/A reading(s) of this size in {where}, {AB_OFFSET_MIN_READINGS} needed"
+            elif baseline is None or not baseline.exists:
+                why = f"no baseline file {where} to fit it from"
+            else:
+                why = f"no A/A readings of this size in {where}"
+            detail = (
+                f"built-in (fitted on H100s): {why}; pytest --perfguard-update-baseline on a clean git checkout, "
+                "on this device, stores them"
+            )
+            uses.append(OffsetUse(size, spec.default, "built-in", detail))
+    return uses[0], uses[1]

@@ -5,14 +5,15 @@ indent and no timestamps in keys, always atomically, and read strictly: a file t
 hand-edited into invalid numbers or written by a newer version is refused with a message that names the file,
 the problem and the fix, and is never rewritten behind the user's back. Nothing in a file is executed.
 
-Format (``schema_version`` 2)::
+Format (``schema_version`` 3)::
 
-    {"schema_version": 2,
+    {"schema_version": 3,
      "device": {"slug": "nvidia-h100-80gb-hbm3", "name": "NVIDIA H100 80GB HBM3", ...},
      "cases": {"<test node id>": {"workload": "<sha256 hex>", "workload_desc": "...", "env": {...},
                                  "samples": [{"median_ns": 9123.4, "ci_ns": [9100.0, 9150.0], "ratio": 1.02,
                                               "against_ns": 8944.5, "device": "GPU-...", "date": "2026-11-25",
-                                              "blocks": 24}, ...],
+                                              "blocks": 24, "aa_ratio": 1.0007,
+                                              "aa_ci": [0.9991, 1.0024]}, ...],
                                  "unstable": false,
                                  "median_ns": 9120.1, "ci_ns": [9101.0, 9139.3], "ratio": 1.02,
                                  "ratio_ci": [1.01, 1.03], "noise": 0.004, "runs": 3, "blocks": 24,
@@ -23,14 +24,19 @@ independent processes, each with its time, ratio, the reference's time, device U
 numbers are derived from them (kept in the file so that a diff in a pull request reads as numbers) and must
 agree with them: the centre is the geometric mean of the process medians, ``ci_ns`` the centre's 95%
 interval, ``noise`` the between-process standard deviation of ln(time) and ``runs`` k. With k = 1 (a
-migrated entry) ``noise`` is the stored value, not derived. ``unstable`` marks an entry whose update
-processes disagreed beyond the case's own spread even after a re-measurement: the guard calls that case
-"inconclusive: unstable baseline", never pass or fail. Entries migrated from a legacy file carry
+migrated entry) ``noise`` is the stored value, not derived. ``aa_ratio`` and ``aa_ci`` (null when not
+timed) are the process's A/A reading: the variant against its own twin at HEAD, head/base over capture groups
+with its 95% interval (ab.aa_base). Pooled over the file, they fit the A/B gate's per-process offset on this
+device model (`BaselineFile.ab_offset`, policy.fit_process_offset); the fit is derived when the file is read,
+never stored, so that two branches that update different cases still merge cleanly. ``unstable`` marks an
+entry whose update processes disagreed beyond the case's own spread even after a re-measurement: the guard
+calls that case "inconclusive: unstable baseline", never pass or fail. Entries migrated from a legacy file carry
 ``workload == ""`` (unknown, so it never matches a current workload), ``env == {}`` and ``blocks == 0``
 (unknown); ``updated`` and a sample's ``date`` may be ``""``.
 
 Schema 1 held one number per case (``median_ns``, ``ci_ns``, ``ratio``, ``ratio_ci``, ``noise``, ``runs``,
-``blocks``, ``updated``): it migrates to one sample, its ``noise`` kept.
+``blocks``, ``updated``): it migrates to one sample, its ``noise`` kept. Schema 2 samples had no A/A reading:
+they migrate with ``aa_ratio`` and ``aa_ci`` null.
 
 Legacy format (``schema_version`` 0), the hand-kept file that came before this plugin::
 
@@ -72,16 +78,25 @@ from .jsonio import (
     string,
     write_text_atomic,
 )
-from .policy import MAX_SAMPLES, sample_threshold
+from .policy import (
+    AB_OFFSET_LEVEL,
+    AB_OFFSET_MIN_READINGS,
+    MAX_SAMPLES,
+    OffsetFit,
+    fit_process_offset,
+    sample_threshold,
+)
 from .policy import NOISE_K as NOISE_K  # re-exported
 from .policy import case_threshold as case_threshold  # re-exported: callers of the one-process rule
-from .stats import t_quantile
+from .settings import AB_SMALL_NS
+from .stats import normal_quantile, t_quantile
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_FOLDER = Path(".ci/baselines")
 UNKNOWN_WORKLOAD = ""
 
-_SAMPLE_FIELDS = ("median_ns", "ci_ns", "ratio", "against_ns", "device", "date", "blocks")
+_V2_SAMPLE_FIELDS = ("median_ns", "ci_ns", "ratio", "against_ns", "device", "date", "blocks")
+_SAMPLE_FIELDS = (*_V2_SAMPLE_FIELDS, "aa_ratio", "aa_ci")
 _ENTRY_FIELDS = (
     "workload",
     "workload_desc",
@@ -119,6 +134,17 @@ class ProcessSample:
     device: str = ""  # the GPU's UUID (or the host's CPU model); "" unknown
     date: str = ""
     blocks: int = 0
+    aa_ratio: float | None = None  # head/base of the variant against its own twin at HEAD (A/A), if timed
+    aa_ci: tuple[float, float] | None = None  # its 95% interval over capture groups
+
+    @property
+    def aa_reading(self) -> tuple[float, float] | None:
+        """This process's A/A reading as the offset fit takes it: ln(head/base) and its in-process sd (from
+        the 95% interval's width); None when the process timed no A/A."""
+        if self.aa_ratio is None or self.aa_ci is None:
+            return None
+        lo, hi = self.aa_ci
+        return math.log(self.aa_ratio), math.log(hi / lo) / (2.0 * normal_quantile(0.975))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +155,8 @@ class ProcessSample:
             "device": self.device,
             "date": self.date,
             "blocks": self.blocks,
+            "aa_ratio": self.aa_ratio,
+            "aa_ci": None if self.aa_ci is None else [self.aa_ci[0], self.aa_ci[1]],
         }
 
     @classmethod
@@ -139,6 +167,14 @@ class ProcessSample:
         median = number(obj["median_ns"], f"{where}.median_ns", positive=True)
         ratio = None if obj["ratio"] is None else number(obj["ratio"], f"{where}.ratio", positive=True)
         against = None if obj["against_ns"] is None else number(obj["against_ns"], f"{where}.against_ns", positive=True)
+        aa_ratio, aa_ci = None, None
+        if obj["aa_ratio"] is not None:
+            aa_ratio = number(obj["aa_ratio"], f"{where}.aa_ratio", positive=True)
+            if obj["aa_ci"] is None:
+                raise Invalid(f"field '{where}.aa_ci' must be an interval when 'aa_ratio' is set")
+            aa_ci = interval(obj["aa_ci"], f"{where}.aa_ci", aa_ratio, f"{where}.aa_ratio")
+        elif obj["aa_ci"] is not None:
+            raise Invalid(f"field '{where}.aa_ci' must be null when 'aa_ratio' is null")
         return cls(
             median_ns=median,
             ci_ns=interval(obj["ci_ns"], f"{where}.ci_ns", median, f"{where}.median_ns"),
@@ -147,6 +183,8 @@ class ProcessSample:
             device=string(obj["device"], f"{where}.device"),
             date=iso_date(obj["date"], f"{where}.date"),
             blocks=integer(obj["blocks"], f"{where}.blocks", 0),
+            aa_ratio=aa_ratio,
+            aa_ci=aa_ci,
         )
 
 
@@ -191,7 +229,15 @@ class BaselineEntry:
             last = self.samples[-1] if self.samples else ProcessSample(self.median_ns, self.ci_ns)
             against = self.median_ns / self.ratio if self.ratio else None
             one = ProcessSample(
-                self.median_ns, self.ci_ns, self.ratio, against, last.device, last.date or self.updated, self.blocks
+                self.median_ns,
+                self.ci_ns,
+                self.ratio,
+                against,
+                last.device,
+                last.date or self.updated,
+                self.blocks,
+                last.aa_ratio,
+                last.aa_ci,
             )
             object.__setattr__(self, "samples", (one,))
         elif len(self.samples) != self.runs:
@@ -362,6 +408,84 @@ def _same(stored: Any, derived: Any) -> bool:
     return bool(stored == derived)
 
 
+@dataclass(frozen=True)
+class AbOffset:
+    """The A/B gate's per-process offset on one device model, fitted from every A/A reading its baseline file
+    holds (policy.fit_process_offset), per size class: ``small`` for cases under settings.AB_SMALL_NS, ``large``
+    from there on (None: no reading of that size). ``devices`` are the GPUs (UUIDs) the readings were taken
+    on, ``dates`` the first and last day, ``cases`` per class how many cases the readings came from."""
+
+    small: OffsetFit | None
+    large: OffsetFit | None
+    small_cases: int
+    large_cases: int
+    devices: tuple[str, ...]
+    dates: tuple[str, str]
+
+    def describe(self) -> str:
+        """Per size class, what an A/B run on this device model counts: the bound, or why the built-in value."""
+        parts = []
+        for size, fit, cases in (
+            ("from 20 us", self.large, self.large_cases),
+            ("under 20 us", self.small, self.small_cases),
+        ):
+            if fit is None:
+                parts.append(f"{size}: no readings (the built-in value stays)")
+            elif fit.readings < AB_OFFSET_MIN_READINGS:
+                parts.append(
+                    f"{size}: {fit.readings} reading(s), {AB_OFFSET_MIN_READINGS} needed (the built-in value stays)"
+                )
+            else:
+                parts.append(
+                    f"{size}: {fit.bound:.2%} (the {AB_OFFSET_LEVEL:.0%} upper bound of {fit.fit:.2%}, "
+                    f"{fit.readings} readings of {cases} case(s))"
+                )
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        def one(fit: OffsetFit | None, cases: int) -> dict[str, Any] | None:
+            if fit is None:
+                return None
+            return {"sd": fit.bound, "fit": fit.fit, "readings": fit.readings, "dof": fit.dof, "cases": cases}
+
+        return {
+            "small": one(self.small, self.small_cases),
+            "large": one(self.large, self.large_cases),
+            "devices": list(self.devices),
+            "dates": list(self.dates),
+        }
+
+
+def ab_offset_of(cases: dict[str, BaselineEntry]) -> AbOffset | None:
+    """The per-process offset fitted from these entries' A/A readings; None when no sample holds one."""
+    readings: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    owners: dict[bool, set[str]] = {True: set(), False: set()}
+    devices: set[str] = set()
+    dates: list[str] = []
+    for case_id, entry in cases.items():
+        for sample in entry.samples:
+            reading = sample.aa_reading
+            if reading is None:
+                continue
+            small = sample.median_ns < AB_SMALL_NS  # the runner picks the size class by the head's time
+            readings[small].append(reading)
+            owners[small].add(case_id)
+            if sample.device:
+                devices.add(sample.device)
+            if sample.date:
+                dates.append(sample.date)
+    if not readings[True] and not readings[False]:
+        return None
+    return AbOffset(
+        small=fit_process_offset(readings[True]),
+        large=fit_process_offset(readings[False]),
+        small_cases=len(owners[True]),
+        large_cases=len(owners[False]),
+        devices=tuple(sorted(devices)),
+        dates=(min(dates), max(dates)) if dates else ("", ""),
+    )
+
+
 @dataclass
 class BaselineFile:
     """A baseline file in memory; ``exists`` is False for a file not yet written."""
@@ -371,6 +495,10 @@ class BaselineFile:
     device: dict[str, Any]
     cases: dict[str, BaselineEntry]
     migrated_from: int | None = None
+
+    def ab_offset(self) -> AbOffset | None:
+        """The A/B gate's per-process offset fitted from the file's A/A readings (see AbOffset)."""
+        return ab_offset_of(self.cases)
 
     def to_json(self) -> dict[str, Any]:
         """The whole file as a JSON object in the current schema."""
@@ -497,7 +625,34 @@ def _migrate_1_to_2(old: dict[str, Any]) -> dict[str, Any]:
 
 _V1_FIELDS = tuple(f for f in _ENTRY_FIELDS if f not in ("samples", "unstable"))  # schema 1: one number
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
+
+def _migrate_2_to_3(old: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 -> 3: every process sample gains its A/A reading, null (schema 2 timed none)."""
+    cases_raw = old.get("cases")
+    if not isinstance(cases_raw, dict):
+        raise Invalid("'cases' must be a JSON object")
+    cases: dict[str, Any] = {}
+    for case_id, entry in cases_raw.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("samples"), list):
+            raise Invalid(f"case {case_id!r}: the entry must be a JSON object with a list of 'samples'")
+        samples = []
+        for i, sample in enumerate(entry["samples"]):
+            if not isinstance(sample, dict):
+                raise Invalid(f"case {case_id!r}: samples[{i}] must be a JSON object")
+            try:
+                check_keys(sample, _V2_SAMPLE_FIELDS, _V2_SAMPLE_FIELDS)
+            except Invalid as exc:
+                raise Invalid(f"case {case_id!r}: samples[{i}]: {exc}") from None
+            samples.append({**sample, "aa_ratio": None, "aa_ci": None})
+        cases[case_id] = {**entry, "samples": samples}
+    return {**old, "schema_version": 3, "cases": cases}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    0: _migrate_0_to_1,
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
+}
 """MIGRATIONS[v] turns a schema-v object into a schema-(v+1) object; applied in memory, in order."""
 
 

@@ -66,6 +66,9 @@ def _baseline_paths(target: Path) -> list[Path]:
 def _show_one(bf: BaselineFile) -> None:
     print(f"{bf.path}")
     print(device_line(bf.device))
+    fitted = bf.ab_offset()
+    if fitted is not None:
+        print(f"A/B per-process offset from its A/A readings: {fitted.describe()}")
     if bf.migrated_from is not None:
         print(f"note: schema {bf.migrated_from} file, migrated in memory; rewrite with `perfguard migrate {bf.path}`")
     rows = [

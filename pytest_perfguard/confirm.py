@@ -7,6 +7,13 @@ process. The in-process re-measurement cannot see past such a state; a new proce
 still "regressed" after re-measurement is run once more, alone, in a fresh Python process with the same
 settings and baseline, and fails the build only if it regresses there too. The same check keeps an update
 run whose time moved past the case's threshold from restarting an entry on a process's whim.
+
+A fresh process costs a start (torch, the plugin, the device's warm-up), so a session starts at most
+`confirm_max` of them for one case each. The regressions past that wait (`Batch`): their items' reports are
+held, and after the session's last case they are confirmed together in one more fresh process, settled by
+the same rules, and only then reported, so that the terminal, junit, the xdist controller and the results
+file all see the final verdict. Each xdist worker batches its own. Against a stored baseline, a regression
+the fresh process does not repeat is judged on both processes together (policy.mean_threshold).
 """
 
 from __future__ import annotations
@@ -18,29 +25,49 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Generator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
+# How pytest-rerunfailures runs an item without logging its reports, and which exceptions pytest lets through.
+from _pytest.runner import get_reraise_exceptions, runtestprotocol
+
+from . import xdist_support as xd
 from .cleanup import CONFIRM_PREFIX, die_with_parent
 from .device import SESSION_PIDS_ENV, session_pids
-from .record import CaseRecord, RecordError, Status
+from .marker import MARK_NAME
+from .policy import mean_threshold, process_mean, within_together
+from .record import CaseRecord, Outcome, RecordError, Status
+from .session import is_worker
 from .settings import Settings
+from .verdict import Gate, Verdict
 
 if TYPE_CHECKING:
     from .baseline import BaselineEntry
     from .session import SessionState
-    from .verdict import Verdict
     from .watchdog import Deadline
 
 CHILD_ENV = "PERFGUARD_CONFIRMING"  # set in the fresh process, so it does not confirm again
-MAX_PER_SESSION = 10  # past this many, regressions are real enough: the rest fail unconfirmed
+# Set in a batch's fresh process: each case there is judged as a single confirmation judges its one case
+# (a family of one), not widened for the batch's size.
+ALONE_ENV = "PERFGUARD_CONFIRM_ALONE"
+# A batch's fresh process measures for at most this many times what its cases' measurement took in this
+# process, plus one case's budget for that process's own warm-up; a case past the bound is not measured
+# there, and its regression stands, saying so.
+BATCH_TIME_FACTOR = 2.0
 
 
 def in_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
+
+
+def judged_alone() -> bool:
+    """This process confirms a batch: every case in it is judged as if it ran alone."""
+    return in_child() and os.environ.get(ALONE_ENV) == "1"
 
 
 class CaseRun(Protocol):
@@ -49,10 +76,14 @@ class CaseRun(Protocol):
     item: pytest.Item
     state: SessionState
 
+    timing_s: float  # what measuring the case took in this process (a batch's bound is made of these)
+
     @property
     def clock(self) -> Deadline: ...
 
     def fresh_process_timeout(self) -> float | None: ...
+
+    def conclude_deferred(self, confirmation: Confirmation) -> None: ...
 
 
 @dataclass
@@ -61,6 +92,7 @@ class Confirmation:
     info: dict[str, Any] | None = None  # what the fresh process measured, kept in the record
     note: str = ""  # added to the verdict's notes
     hold_back: str = ""  # an update run not to fold into the baseline, and why
+    deferred: bool = False  # past the single confirmations: the batch settles it (Batch)
 
 
 def _plugin_args(config: pytest.Config) -> list[str]:
@@ -84,10 +116,18 @@ def run_fresh(item: pytest.Item, settings: Settings, timeout_s: float | None) ->
 
 
 def run_fresh_cases(
-    config: pytest.Config, nodeids: list[str], settings: Settings, timeout_s: float | None
+    config: pytest.Config,
+    nodeids: list[str],
+    settings: Settings,
+    timeout_s: float | None,
+    *,
+    total_budget: float = 0.0,
+    alone: bool = False,
 ) -> dict[str, CaseRecord] | str:
     """Run these items, in this order, in one new process with these settings (one start for many cases:
-    a batch of confirmations, an update's further processes); their records by id, or why there are none."""
+    a batch of confirmations, an update's further processes); their records by id, or why there are none.
+    ``total_budget``: seconds of measurement the process may spend (0: unlimited); ``alone``: judge each case
+    as a family of one, as a single confirmation does."""
     # The pid in the name lets the next session remove the folder if this one is killed.
     with tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-") as tmp:
         out = Path(tmp) / "confirm.json"
@@ -98,12 +138,13 @@ def run_fresh_cases(
             {
                 CHILD_ENV: "1",
                 "PERFGUARD_JSON": str(out),
-                "PERFGUARD_TOTAL_BUDGET": "0",
+                "PERFGUARD_TOTAL_BUDGET": repr(float(total_budget)),
                 "PERFGUARD_STRICT": "0",
                 "PERFGUARD_ALLOW_MISSING": "1",
                 "PERFGUARD_HTML": "",
                 # This process and its xdist siblings hold a context on the GPU: not foreign load.
                 SESSION_PIDS_ENV: ",".join(str(p) for p in sorted(session_pids())),
+                ALONE_ENV: "1" if alone else "0",
             }
         )
         cmd = [sys.executable, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", "--perfguard"]
@@ -149,16 +190,20 @@ def _fresh(run: CaseRun) -> tuple[CaseRecord | str, dict[str, Any]] | None:
     """The case run alone in a fresh process, within the session's cap: None once the cap is reached; else
     the child's record (or why there is none) and what to keep of it in this record's "confirmation"."""
     state = run.state
-    if state.confirmations >= MAX_PER_SESSION:
+    if state.confirmations >= state.settings.confirm_max:
         return None
     state.confirmations += 1
     t0 = time.monotonic()
     with run.clock.paused():  # the fresh process has its own deadline
         child = run_fresh(run.item, state.settings, run.fresh_process_timeout())
-    spent = round(time.monotonic() - t0, 1)
+    return child, _kept(child, round(time.monotonic() - t0, 1))
+
+
+def _kept(child: CaseRecord | str, spent: float) -> dict[str, Any]:
+    """What a record keeps of its confirmation in a fresh process."""
     if isinstance(child, str):
-        return child, {"error": child, "elapsed_s": spent}
-    info: dict[str, Any] = {
+        return {"error": child, "elapsed_s": spent}
+    return {
         "verdict": child.verdict.value if child.verdict else None,
         "median_ns": child.median_ns,
         "ci_ns": list(child.ci_ns) if child.ci_ns else None,
@@ -167,15 +212,19 @@ def _fresh(run: CaseRun) -> tuple[CaseRecord | str, dict[str, Any]] | None:
         "reasons": child.reasons,
         "elapsed_s": spent,
     }
-    return child, info
+
+
+REGRESSED_TAIL = ": a process-dependent time, not judged"
 
 
 def confirm_regression(run: CaseRun, verdict: Verdict) -> Confirmation:
     """The verdict stays "regressed" only if the case regresses in a fresh process too; a regression seen in
-    one process alone becomes inconclusive. When no confirmation can be had, the regression stands."""
+    one process alone becomes inconclusive (or passes, judged on both processes together against a stored
+    sample). Past the single confirmations it waits for the batch (`Batch`); when no confirmation can be
+    had, the regression stands."""
     if not run.state.settings.confirm or in_child():
         return Confirmation(Status.REGRESSED)
-    return _reconfirm(run, verdict, Status.REGRESSED, ("ab", "baseline"), ": a process-dependent time, not judged")
+    return _reconfirm(run, verdict, Status.REGRESSED, ("ab", "baseline"), REGRESSED_TAIL)
 
 
 def confirm_faster(run: CaseRun, verdict: Verdict) -> Confirmation:
@@ -192,31 +241,124 @@ def confirm_faster(run: CaseRun, verdict: Verdict) -> Confirmation:
 
 def _reconfirm(run: CaseRun, verdict: Verdict, claim: Status, shown_gates: tuple[str, ...], tail: str) -> Confirmation:
     """`claim` (regressed or faster) stands if the fresh process makes it too, or if no fresh process can be
-    had. Otherwise the case is inconclusive, or passes where a speed-up meets a pass."""
-
-    def noted(status: Status, info: dict[str, Any] | None, text: str, first: bool = False) -> Confirmation:
-        verdict.notes.insert(0 if first else len(verdict.notes), text)
-        return Confirmation(status, info, text)
-
+    had. Otherwise the case is inconclusive, or passes where a speed-up meets a pass. A regression past the
+    session's single confirmations waits for the batch, when its item runs under the batch's protocol."""
     fresh = _fresh(run)
     if fresh is None:
-        return noted(claim, None, f"not confirmed in a fresh process: {MAX_PER_SESSION} confirmations already run")
+        if claim is Status.REGRESSED and _waits(run, verdict):
+            return Confirmation(claim, deferred=True)
+        cap = run.state.settings.confirm_max
+        return _noted(verdict, claim, None, f"not confirmed in a fresh process: {cap} confirmations already run")
     child, info = fresh
+    return settle(run, verdict, claim, child, info, shown_gates, tail)
+
+
+def _noted(
+    verdict: Verdict, status: Status, info: dict[str, Any] | None, text: str, first: bool = False
+) -> Confirmation:
+    verdict.notes.insert(0 if first else len(verdict.notes), text)
+    return Confirmation(status, info, text)
+
+
+def settle(
+    run: CaseRun,
+    verdict: Verdict,
+    claim: Status,
+    child: CaseRecord | str,
+    info: dict[str, Any] | None,
+    shown_gates: tuple[str, ...] = ("ab", "baseline"),
+    tail: str = REGRESSED_TAIL,
+    batch: str = "",
+) -> Confirmation:
+    """`claim` judged with what the fresh process made of the case (its record, or why there is none): the
+    one rule of a single confirmation and of a batch's (``batch`` names the batch, in the notes)."""
+    within = f" ({batch})" if batch else ""
     if isinstance(child, str):
         what = "the regression" if claim is Status.REGRESSED else "the verdict"
-        return noted(claim, info, f"confirmation failed, {what} stands: {child}")
+        return _noted(verdict, claim, info, f"confirmation failed{within}, {what} stands: {child}")
     first = next((g.reason for g in verdict.gates if g.status is claim and g.reason), str(claim))
     again = next((g.get("reason") for g in child.gates if g.get("status") == claim), None)
     if child.verdict is claim:
-        return noted(claim, info, f"confirmed in a fresh process: {again or claim}")
+        return _noted(verdict, claim, info, f"confirmed in a fresh process{within}: {again or claim}")
     shown = next((g.get("reason") for g in child.gates if g.get("gate") in shown_gates), None)
     text = (
         f"not confirmed: {first} in this process, but {child.verdict} in a fresh one"
         + (f" ({shown})" if shown else "")
+        + (f", {batch}" if batch else "")
         + tail
     )
+    if claim is Status.REGRESSED:
+        together = _two_processes(run, verdict, child)
+        if together is not None and together[0] is not None:
+            return _noted(verdict, together[0], info, f"not confirmed{within}: {together[1]}", first=True)
+        if together is not None:
+            text += f"; {together[1]}"
     passed = claim is Status.FASTER and child.verdict is Status.PASS
-    return noted(Status.PASS if passed else Status.INCONCLUSIVE, info, text, first=True)
+    return _noted(verdict, Status.PASS if passed else Status.INCONCLUSIVE, info, text, first=True)
+
+
+_GATE_WORDS = {"baseline": "time vs baseline", "ratio": "ratio vs baseline ratio"}
+
+
+def _two_processes(run: CaseRun, verdict: Verdict, child: CaseRecord) -> tuple[Status | None, str] | None:
+    """A stored-baseline regression that the fresh process did not repeat, judged on both processes: each
+    deciding time or ratio gate that did not pass here passes if the mean of its two readings is within the
+    threshold for a mean of two processes (policy.mean_threshold). The case's status with those gates passed
+    (None when one is beyond its threshold), and both readings and the mean of each for the notes. None
+    where the rule does not apply: under the A/B gate (its own rule), against an entry of fewer than two
+    processes (no spread) or an unstable one, a regression of another gate (max_ratio), or a fresh reading
+    that is missing, disturbed or not comparable."""
+    state = run.state
+    stored = state.baseline.cases.get(run.item.nodeid) if state.baseline is not None else None
+    if state.settings.against or stored is None or stored.runs < 2 or stored.unstable:
+        return None
+    if not child.timed or child.disturbances:
+        return None
+    said: list[str] = []
+    passed: list[Gate] = []
+    for gate in verdict.deciding_gates():
+        if gate.status in (Status.PASS, Status.FASTER, Status.NOT_COMPARABLE):
+            continue  # a time gate the machine moved is not judged: the ratio gate decides
+        if gate.name not in _GATE_WORDS:
+            if gate.status is Status.REGRESSED:
+                return None
+            continue  # an inconclusive max_ratio keeps the case inconclusive
+        there = child.gate(gate.name)
+        if gate.estimate is None or there is None or there.get("estimate") is None:
+            return None
+        if there.get("status") == Status.NOT_COMPARABLE:
+            return None
+        limit = _mean_limit(run, stored, gate)
+        readings = [gate.estimate, float(there["estimate"])]
+        ok = within_together(readings, limit)
+        if ok:
+            passed.append(gate)
+        said.append(
+            f"{_GATE_WORDS[gate.name]} {_pct(readings[0])} in this process, {_pct(readings[1])} in a fresh one; "
+            f"the two processes' mean {_pct(process_mean(readings))} is {'within' if ok else 'beyond'} the "
+            f"{limit * 100:.1f}% threshold"
+        )
+    if not said:
+        return None
+    if len(passed) < len(said):
+        return None, "; ".join(said)
+    gates = [replace(g, status=Status.PASS) if any(g is p for p in passed) else g for g in verdict.gates]
+    return Verdict(gates=gates, deciding=verdict.deciding).status, "; ".join(said)
+
+
+def _mean_limit(run: CaseRun, stored: BaselineEntry, gate: Gate) -> float:
+    """The threshold of a mean of two processes for this gate: the spread, floor and file prior its own
+    threshold is made of (verdict.Policy.baseline_delta, ratio_baseline_delta)."""
+    policy = run.state.policy()
+    if gate.name == "baseline":
+        return mean_threshold(policy.margin, stored.noise, stored.runs, policy.noise_floor, prior=policy.prior_spread)
+    return mean_threshold(
+        policy.margin, stored.ratio_noise, stored.runs, policy.ratio_noise_floor, prior=policy.prior_ratio_spread
+    )
+
+
+def _pct(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.1f}%"
 
 
 def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict: Verdict) -> Confirmation:
@@ -234,8 +376,8 @@ def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict:
     fresh = _fresh(run)
     if fresh is None:
         verdict.notes.append(
-            f"moved {here} from the stored time; not checked in a fresh process ({MAX_PER_SESSION} confirmations "
-            "already run): its entry restarts as a changed kernel"
+            f"moved {here} from the stored time; not checked in a fresh process ({run.state.settings.confirm_max} "
+            "confirmations already run): its entry restarts as a changed kernel"
         )
         return Confirmation(status)
     child, info = fresh
@@ -256,3 +398,222 @@ def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict:
         "a changed kernel, its entry restarts"
     )
     return Confirmation(status, info)
+
+
+# ------------------------------------------------------------------------------------------ the batch
+
+
+@dataclass
+class _Waiting:
+    """A regression waiting for the batch: its case's run and verdict, and its item's reports, held."""
+
+    run: CaseRun
+    verdict: Verdict
+    reports: list[pytest.TestReport] = field(default_factory=list)
+
+
+class Batch:
+    """The regressions past a session's single confirmations, confirmed together in one fresh process after
+    the session's last case: one start for many cases, settled by the rules of a single confirmation.
+
+    A pytest plugin. Once the single confirmations are spent, each perf item runs under this protocol, which
+    runs it without logging its reports (as pytest-rerunfailures does): an item that did not regress is
+    logged at once; one that did keeps its reports until the batch has settled it, then its call report is
+    made again from the final verdict (pass, inconclusive or the failure), and all are logged, so that every
+    reporter sees the final verdict once. The batch runs when the run loop ends (in each xdist worker, its
+    own); a worker that must leave (a poisoned CUDA context) runs it first. A run that stops early, or times
+    out, reports the waiting regressions as standing, unconfirmed, and says why."""
+
+    def __init__(self, config: pytest.Config, state: SessionState) -> None:
+        self.config = config
+        self.state = state
+        self.running = ""  # the item under this protocol now: only its regression can wait
+        self.waiting: dict[str, _Waiting] = {}
+
+    @classmethod
+    def install(cls, config: pytest.Config, state: SessionState) -> None:
+        """The batch of a session that confirms regressions (not of a fresh process, nor of an update)."""
+        s = state.settings
+        if not s.enabled or s.update or not s.confirm or in_child():
+            return
+        batch = cls(config, state)
+        config.stash[BATCH] = batch
+        config.pluginmanager.register(batch, "perfguard-batch")
+
+    def take(self, run: CaseRun, verdict: Verdict) -> bool:
+        """Hold this regression for the batch: True when its item runs under this protocol."""
+        if run.item.nodeid != self.running:
+            return False
+        self.waiting[run.item.nodeid] = _Waiting(run, verdict)
+        return True
+
+    def _holds(self, item: pytest.Item) -> bool:
+        """Past the single confirmations a perf item runs under this protocol, where its regression can wait."""
+        state = self.state
+        return (
+            item.get_closest_marker(MARK_NAME) is not None
+            and state.confirmations >= state.settings.confirm_max
+            and not state.poisoned_by
+            and xd.late_reports(item.config)
+        )
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        if not self._holds(item):
+            return None
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        self.running = item.nodeid
+        try:
+            reports = runtestprotocol(item, log=False, nextitem=nextitem)
+        finally:
+            self.running = ""
+        held = self.waiting.get(item.nodeid)
+        if held is None:
+            _log(item, reports)
+        else:
+            held.reports = reports
+        if self.state.poisoned_by == item.nodeid and is_worker(self.config):
+            self.settle()  # the worker leaves after this item (xdist_support.exit_if_poisoned)
+        return True
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        try:
+            result = yield
+        except BaseException:
+            self.abandon("the run stopped before the batch confirmation")
+            raise
+        self.settle()
+        return result
+
+    def settle(self) -> None:
+        """Confirm the waiting regressions in one fresh process, then conclude and report each."""
+        waiting = list(self.waiting.values())
+        self.waiting.clear()
+        if not waiting:
+            return
+        try:
+            answers = self._confirm(waiting)
+        except BaseException:
+            self.waiting = {w.run.item.nodeid: w for w in waiting}
+            self.abandon("the batch confirmation was interrupted")
+            raise
+        for w in waiting:
+            self._conclude(w, answers[w.run.item.nodeid])
+
+    def abandon(self, why: str, *, log: bool = True) -> None:
+        """Conclude the waiting regressions without the batch: each stands, saying why. ``log``: report them
+        too (not on the way out of a timed-out process, whose records travel with its timeout)."""
+        waiting = list(self.waiting.values())
+        self.waiting.clear()
+        info = {"error": why, "elapsed_s": 0.0, "batch": len(waiting)}
+        for w in waiting:
+            text = f"not confirmed in a fresh process: {why}; the regression stands"
+            self._conclude(w, _noted(w.verdict, Status.REGRESSED, dict(info), text), log=log)
+
+    def _confirm(self, waiting: Sequence[_Waiting]) -> dict[str, Confirmation]:
+        """The batch's fresh process, and each waiting case settled with what it made of the case."""
+        s = self.state.settings
+        ids = [w.run.item.nodeid for w in waiting]
+        n, cap = len(ids), s.confirm_max
+        bound = BATCH_TIME_FACTOR * math.fsum(w.run.timing_s for w in waiting) + s.case_budget
+        timeout = 2 * s.case_timeout * n + bound + 120 if s.case_timeout else None
+        _say(
+            self.config,
+            f"perfguard: confirming {n} regression(s) together in one fresh process (past the {cap} single "
+            f"confirmations; at most {bound:.0f} s of measurement)",
+        )
+        t0 = time.monotonic()
+        got = run_fresh_cases(self.config, ids, s, timeout, total_budget=bound, alone=True)
+        spent = round(time.monotonic() - t0, 1)
+        where = f"one batch of {n} past the {cap} single confirmations"
+        answers: dict[str, Confirmation] = {}
+        for w in waiting:
+            case_id = w.run.item.nodeid
+            child = got if isinstance(got, str) else got.get(case_id, "the fresh process did not run this case")
+            info = {**_kept(child, spent), "batch": n}
+            if isinstance(child, CaseRecord) and _unmeasured(child):
+                text = (
+                    f"not confirmed in a fresh process ({where}): the batch's bound of {bound:.0f} s of measurement "
+                    f"({BATCH_TIME_FACTOR:g}x what its cases took here, plus one case's budget) was spent before "
+                    "this case; the regression stands"
+                )
+                answers[case_id] = _noted(w.verdict, Status.REGRESSED, info, text)
+            else:
+                answers[case_id] = settle(w.run, w.verdict, Status.REGRESSED, child, info, batch=where)
+        return answers
+
+    def _conclude(self, w: _Waiting, confirmation: Confirmation, *, log: bool = True) -> None:
+        """The case's end with its confirmation, made in place of its call phase; then its reports logged,
+        the call report made again from that end."""
+        item = w.run.item
+        call = pytest.CallInfo.from_call(
+            lambda: w.run.conclude_deferred(confirmation), when="call", reraise=get_reraise_exceptions(self.config)
+        )
+        if not log:
+            return
+        report: pytest.TestReport = item.ihook.pytest_runtest_makereport(item=item, call=call)
+        first = next((r for r in w.reports if r.when == "call"), None)
+        if first is not None:  # the call's own duration and output, not the conclusion's
+            report.duration, report.start, report.stop = first.duration, first.start, first.stop
+            report.sections = list(first.sections)
+        reports = [report if r is first else r for r in w.reports] if first is not None else [report]
+        with xd.reporting_as(item):
+            _log(item, reports)
+
+
+BATCH = pytest.StashKey[Batch]()
+
+
+def _waits(run: CaseRun, verdict: Verdict) -> bool:
+    """Hand the regression to the session's batch: True when its item runs under the batch's protocol."""
+    batch = run.item.config.stash.get(BATCH, None)
+    return batch is not None and batch.take(run, verdict)
+
+
+def abandon_batch(config: pytest.Config, why: str) -> None:
+    """The process is ending (a hung case): the waiting regressions stand unconfirmed, their records kept."""
+    batch = config.stash.get(BATCH, None)
+    if batch is not None:
+        batch.abandon(why, log=False)
+
+
+def _unmeasured(child: CaseRecord) -> bool:
+    """The batch's process reached its measurement bound before this case (runner: "not timed: total
+    budget spent")."""
+    return not child.timed and child.outcome is Outcome.PASSED and child.verdict is Status.INCONCLUSIVE
+
+
+def _log(item: pytest.Item, reports: Sequence[pytest.TestReport]) -> None:
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+def _say(config: pytest.Config, text: str) -> None:
+    """A line on the terminal, past output capture (a batch can take minutes); nothing in a worker."""
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if reporter is None or is_worker(config):
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else nullcontext():
+        reporter.write_line(text)
+
+
+def batch_line(records: Sequence[CaseRecord]) -> str:
+    """The summary's account of batched confirmations; empty when there were none."""
+    batched = [r for r in records if (r.confirmation or {}).get("batch")]
+    if not batched:
+        return ""
+    counts: dict[str, int] = {}
+    for r in batched:
+        key = str(r.verdict)
+        if r.verdict is Status.REGRESSED:
+            confirmed = (r.confirmation or {}).get("verdict") == Status.REGRESSED
+            key += " (confirmed)" if confirmed else " (not confirmed: see the case's notes)"
+        counts[key] = counts.get(key, 0) + 1
+    parts = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
+    return (
+        f"perfguard: {len(batched)} regression(s) past the single confirmations (--perfguard-confirm-max) were "
+        f"confirmed together in one fresh process per session or xdist worker: {parts}"
+    )

@@ -2,8 +2,9 @@
 
 A baseline is only comparable on the same device model with the same software stack: the fingerprint
 lists what moves timings (GPU model and capability, torch, triton, CUDA, the SDPA backend that ran).
-NVML, when present, reports clock throttling and other compute processes during a measurement; both make
-a verdict inconclusive rather than a regression.
+NVML, when present, reports clock throttling, other compute processes and an SM clock below the steady
+state during a measurement; each makes a verdict inconclusive rather than a regression (on CPU,
+cpuwatch.py watches the host).
 """
 
 from __future__ import annotations
@@ -194,14 +195,48 @@ def nvml_handle(nv: Any, uuid: str | None) -> Any:
     return None
 
 
+# A busy GPU whose SM clock reads under this share of its steady clock (the applications clock it holds
+# under load) was slowed by something the throttle reasons may not name: nvbench drops such samples (75% of
+# the default clock). A fresh H100 held 1980 MHz, its maximum, throughout every measurement and idled at
+# 345 MHz between processes (benchmarks/results/fresh_machine_2026-11-25).
+CLOCK_FLOOR = 0.75
+# A clock reading counts only when NVML saw the GPU busy for at least this % of its last sample period: an
+# idle GPU lowers its clock by design.
+BUSY_UTIL = 50
+_GPU_IDLE = 0x1  # nvmlClocksThrottleReasonGpuIdle
+_SW_POWER_CAP = 0x4  # nvmlClocksThrottleReasonSwPowerCap: a power-bound kernel's steady state, not a disturbance
+
+
+def steady_clock(nv: Any, handle: Any) -> tuple[int, str] | None:
+    """The SM clock (MHz) a busy GPU holds, and what NVML calls it: its applications clock, else the default
+    one, else its maximum; None where NVML tells none."""
+    sm = getattr(nv, "NVML_CLOCK_SM", 1)
+    for name, label in (
+        ("nvmlDeviceGetApplicationsClock", "applications clock"),
+        ("nvmlDeviceGetDefaultApplicationsClock", "default applications clock"),
+        ("nvmlDeviceGetMaxClockInfo", "maximum clock"),
+    ):
+        try:
+            mhz = int(getattr(nv, name)(handle, sm))
+        except Exception:
+            continue
+        if mhz > 0:
+            return mhz, label
+    return None
+
+
 @dataclass
 class Disturbances:
-    """Watches one GPU through NVML during a measurement: throttling and foreign compute processes."""
+    """Watches one GPU through NVML during a measurement (a timing.Watch): throttling, foreign compute
+    processes, and an SM clock below the steady state while the GPU is busy."""
 
     index: int
     handle: Any = None
     nv: Any = None
     seen: list[str] = field(default_factory=list)
+    steady: tuple[int, str] | None = None  # steady_clock(), read once
+    low: list[int] = field(default_factory=list)  # busy SM clocks under the floor, this window
+    readings: int = 0  # busy clock readings, this window
 
     @classmethod
     def open(cls, device: str) -> Disturbances | None:
@@ -217,10 +252,27 @@ class Disturbances:
         except Exception:
             uuid = None
         handle = nvml_handle(nv, uuid)
-        return None if handle is None else cls(index=index, handle=handle, nv=nv)
+        return None if handle is None else cls(index=index, handle=handle, nv=nv, steady=steady_clock(nv, handle))
+
+    def start(self) -> None:
+        self.low, self.readings = [], 0
+
+    def block(self) -> str | None:
+        return self.check()
+
+    def stop(self) -> list[str]:
+        if not self.low or self.steady is None:
+            return []
+        mhz, label = self.steady
+        return [
+            f"GPU {self.index} ran below its steady clock while busy: SM clock down to {min(self.low)} MHz in "
+            f"{len(self.low)} of {self.readings} block(s), under {CLOCK_FLOOR:.0%} of its {mhz} MHz {label}, "
+            "with no power cap to explain it"
+        ]
 
     def check(self) -> str | None:
-        """One reading; returns a description of a disturbance, or None when the GPU looked clean."""
+        """One reading; returns a description of a disturbance, or None when the GPU looked clean. A clock
+        below the steady state is counted here and judged over the window (stop)."""
         nv = self.nv
         try:
             reasons = int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle))
@@ -235,6 +287,7 @@ class Disturbances:
         for label, bit in bad.items():
             if reasons & int(bit):
                 return f"GPU {self.index} throttled ({label}) during timing"
+        self._read_clock(reasons)
         try:
             procs = nv.nvmlDeviceGetComputeRunningProcesses(self.handle)
             others = [int(p.pid) for p in procs if int(p.pid) != os.getpid() and not _sibling(int(p.pid))]
@@ -243,3 +296,22 @@ class Disturbances:
         if others:
             return f"other compute processes on GPU {self.index} during timing (pids {others[:5]})"
         return None
+
+    def _read_clock(self, reasons: int) -> None:
+        """Counts a busy reading, and keeps its SM clock when it is under the floor."""
+        nv = self.nv
+        if self.steady is None or reasons & (_GPU_IDLE | _SW_POWER_CAP):
+            return
+        try:
+            mhz = int(nv.nvmlDeviceGetClockInfo(self.handle, getattr(nv, "NVML_CLOCK_SM", 1)))
+        except Exception:
+            return
+        try:
+            busy = int(nv.nvmlDeviceGetUtilizationRates(self.handle).gpu) >= BUSY_UTIL
+        except Exception:
+            busy = True  # no utilisation counter (MIG): timing keeps the GPU busy
+        if not busy:
+            return
+        self.readings += 1
+        if mhz < CLOCK_FLOOR * self.steady[0]:
+            self.low.append(mhz)

@@ -12,8 +12,8 @@ their own cases), every record stays valid under the strict per-run loader (`res
 and each source's device, run information and summary survive unchanged. Its own schema version counts
 the container layout; each run keeps the results schema it was written in, and runs written in different
 results schemas are not merged, because their records may mean different things. A merge also refuses
-one case from two devices (a case's verdicts come from one kind of hardware) and runs of different
-commits.
+one case from two devices (a case's verdicts come from one kind of hardware), runs of different commits
+or base revisions, and a run that records none where another does.
 """
 
 from __future__ import annotations
@@ -121,16 +121,43 @@ def _check_unique(runs: Sequence[Run], *, one_device: bool = True) -> None:
             )
 
 
+def _revision(run: Run, key: str) -> str | None:
+    """A revision the run records: in its run information, or (files of older versions) its device."""
+    for holder in (run.checked.run, run.checked.device):
+        value = holder.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _unrecorded(run: Run, key: str) -> str:
+    """Why a run has no revision of this kind, in the words of the refusal."""
+    if key == "git_sha":
+        return "records no commit (it ran outside a git checkout, or with an older pytest-perfguard)"
+    against = run.checked.run.get("against")
+    if against:
+        return f"has no base revision (its --perfguard-against {against} did not resolve)"
+    return "was not run against a base revision (no --perfguard-against)"
+
+
 def _check_revisions(runs: Sequence[Run]) -> None:
     """Runs of one merge measured one commit (and, under --perfguard-against, against one base): results of
-    two commits in one summary would judge code that no single revision holds."""
+    two commits in one summary would judge code that no single revision holds. Once one run records a
+    revision, every run must record the same one: a run that records none cannot be shown to match."""
     for key, what in (("git_sha", "commit"), ("base_sha", "base revision")):
-        claims = [(run, run.checked.run.get(key)) for run in runs if run.checked.run.get(key)]
-        first_run, first = claims[0] if claims else (None, None)
+        claims = [(run, _revision(run, key)) for run in runs]
+        first_run, first = next(((run, sha) for run, sha in claims if sha), (None, None))
+        if first_run is None or first is None:
+            continue  # none records one: nothing to compare
         for run, sha in claims:
-            if first_run is not None and sha != first:
+            if sha is None:
                 raise MergeError(
-                    f"{run.source}: results of {what} {str(sha)[:12]}, but {first_run.source} has {str(first)[:12]}; "
+                    f"{run.source}: {_unrecorded(run, key)}, but {first_run.source} has {what} {first[:12]}; "
+                    f"merge the results of one {what}: run every runner on the same checkout with the same options"
+                )
+            if sha != first:
+                raise MergeError(
+                    f"{run.source}: results of {what} {sha[:12]}, but {first_run.source} has {first[:12]}; "
                     f"merge the results of one {what} (re-run the runners on the same checkout)"
                 )
 

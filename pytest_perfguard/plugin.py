@@ -22,6 +22,7 @@ from .session import (
     Merged,
     RunSummary,
     baseline_file,
+    device_id,
     finish,
     is_worker,
     make_state,
@@ -82,9 +83,12 @@ def pytest_configure(config: pytest.Config) -> None:
         except bl.BaselineError as exc:
             raise pytest.UsageError(f"perfguard: {exc}") from None
     if settings.against:
-        from .ab import open_base
+        from .ab import open_base, use_stored_offset
 
         state.base = open_base(config, settings.against)
+        # The per-process offset fitted on this device model from the baseline file's A/A readings, unless set.
+        where = st.shown(baseline_file(state))
+        state.base.offsets = use_stored_offset(settings, state.baseline, device_id(state), where)
     config.stash[STATE] = state
     config.stash[MERGED] = Merged()
     state.on_timeout = lambda message, item: _flush_on_timeout(config, message, item)
@@ -93,11 +97,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
         per_case = settings.case_timeout
 
-        def fresh_cases(ids: list[str]) -> Any:
+        def fresh_cases(ids: list[str], given: st.Settings) -> Any:
             timeout = 2 * per_case * len(ids) + 120 if per_case else None
-            return run_fresh_cases(config, ids, settings, timeout)
+            return run_fresh_cases(config, ids, given, timeout)
 
         state.fresh_cases = fresh_cases
+    if settings.enabled:
+        from .confirm import Batch
+
+        Batch.install(config, state)  # regressions past the single confirmations: confirmed together
     xd.controller_setup(config)
 
 
@@ -159,6 +167,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [f"perfguard: baseline {where}", *xd.gpu_header(config, state.settings)]
     if state.base is not None:
         lines.append(f"perfguard: against {state.base.describe()}")
+        lines += [use.line() for use in state.base.offsets or ()]
     return lines
 
 
@@ -171,6 +180,9 @@ def _flush_on_timeout(config: pytest.Config, message: str, item: pytest.Item) ->
         capman.suspend_global_capture(in_=True)
     sys.stderr.write(f"\nperfguard: {message}\n")
     sys.stderr.flush()
+    from .confirm import abandon_batch
+
+    abandon_batch(config, "the session ended on a timeout before the batch confirmation")  # records kept
     if is_worker(config):
         xd.send_timeout(config, item, message)
         return
@@ -191,8 +203,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    from .confirm import judged_alone
+
     perf = [i for i in items if i.get_closest_marker(MARK_NAME) is not None]
-    state_of(config).family_size = max(1, len(perf))
+    # A batch's fresh process judges each case as a single confirmation does: a family of one.
+    state_of(config).family_size = 1 if judged_alone() else max(1, len(perf))
     config.stash[MERGED].collected = {i.nodeid for i in perf}
 
 
@@ -282,6 +297,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     )
     if state.base is not None:  # pytest's own header is gone under -q; the table must say what it compared with
         terminalreporter.write_line(f"perfguard: against {state.base.describe()}")
+        for use in state.base.offsets or ():
+            terminalreporter.write_line(use.line())
     for line in terminal_lines(records, verbose=config.get_verbosity() > 0, margin=state.settings.margin):
         terminalreporter.write_line(line)
     for line in summary.messages:

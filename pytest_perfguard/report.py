@@ -274,7 +274,8 @@ def why(r: CaseRecord) -> str:
     """What made the case fail or stay inconclusive: its gates that did not pass and the notes that are not a
     gate's (a confirmation that disagreed, a re-measurement), leaving out the gates that passed."""
     passed = {g.get("reason") for g in r.gates if g.get("status") in ("pass", "faster")}
-    return "; ".join([*(x for x in r.reasons if x not in passed), *r.disturbances]) or str(r.verdict or r.outcome)
+    own = [x for x in r.reasons if x not in passed]
+    return "; ".join([*own, *(d for d in r.disturbances if d not in own)]) or str(r.verdict or r.outcome)
 
 
 def _fit(rows: list[list[str]], width: int, shrink: int) -> list[int]:
@@ -335,7 +336,11 @@ def terminal_lines(
         look = [r for r in records if needs_a_look(r)]
         return [
             *table(records).splitlines(),
-            *(f"{r.verdict or r.outcome}: {r.id}: " + "; ".join([*r.reasons, *r.disturbances]) for r in look),
+            *(
+                f"{r.verdict or r.outcome}: {r.id}: "
+                + "; ".join([*r.reasons, *(d for d in r.disturbances if d not in r.reasons)])
+                for r in look
+            ),
             *margin_lines(records, margin, width),
         ]
     shown = [r for r in records if not _skipped(r)]

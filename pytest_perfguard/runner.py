@@ -31,13 +31,14 @@ from . import integrity, peaks
 from .ab import Twin, base_arguments
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .correctness import CorrectnessReport, Inputs, Oracle, check
+from .cpuwatch import CpuWatch
 from .device import Disturbances, incomparable, lock_name, manual_seed
 from .locks import device_lock
 from .marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
 from .record import CaseRecord, Outcome, Status
 from .session import SessionState
 from .stats import relative_half_width
-from .timing import Call, MeasureConfig, Measurement, Progress, Timer, make_timer, measure, pooled
+from .timing import Call, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
 from .verdict import Verdict, ab_gate, ab_progress, case_mde, decide, unpaired_gate
 from .watchdog import Deadline, deadline
 
@@ -194,6 +195,10 @@ class Runner:
         self._failure = ""  # the pytest failure message, when the record's outcome is FAILED
         self._raised: BaseException | None = None  # what a step raised: the item fails with its traceback
         self._waited_s = 0.0  # time spent waiting for the device lock, left out of the case's time
+        self.timing_s = 0.0  # what measuring the case took (the session's timing budget counts the same)
+        # A regression past the single confirmations: the record, verdict and whether the variant is the
+        # reference, concluded when the batch has confirmed it (confirm.Batch, conclude_deferred).
+        self._deferred: tuple[CaseRecord, Verdict, bool] | None = None
 
     # ------------------------------------------------------------------------------------------ frame
 
@@ -216,7 +221,8 @@ class Runner:
             if record.outcome is not Outcome.SKIPPED:
                 confirming = float((record.confirmation or {}).get("elapsed_s") or 0.0)
                 record.case_s = round(time.monotonic() - t0 - self._waited_s - confirming, 4)
-        self._conclude(record)
+        if self._deferred is None:  # else the batch concludes it after the session's last case
+            self._conclude(record)
 
     def _conclude(self, record: CaseRecord) -> None:
         """The one place a record is kept and turned into the item's pass, fail or skip."""
@@ -346,7 +352,8 @@ class Runner:
         timer = make_timer(s.device, case.clock)
         t0 = time.monotonic()
         m, verdict = self._measure_and_judge(trial, record, twin, timer)
-        self.state.timing_spent_s += time.monotonic() - t0
+        self.timing_s = time.monotonic() - t0
+        self.state.timing_spent_s += self.timing_s
         self._record_timing(record, trial, m, verdict)
         self._stage = "integrity checks"
         flag = self._after_timing(trial, record, m, timer, checks)
@@ -596,7 +603,9 @@ class Runner:
         self, trial: Trial, record: CaseRecord, twin: Twin | None, timer: Timer
     ) -> tuple[Measurement, Verdict]:
         """Measure, judge; a regressed or inconclusive case is measured once more in a fresh order and
-        judged on all blocks together."""
+        judged on all blocks together. A disturbed measurement is measured once more, in an update too:
+        when the second is clean it is judged alone, else the case stays disturbed (inconclusive, never
+        stored)."""
         s, case = self.state.settings, trial.case
         cfg = self._config()
         base = trial.calls(twin.variant.fn) if twin is not None and twin.variant is not None else None
@@ -611,8 +620,7 @@ class Runner:
             # The A/B gate decides: measure until its MDE reaches its promise; the ratio to `against` is
             # reported, and need not narrow unless a max_ratio gate judges it.
             cfg = replace(cfg, ab_progress=progress, stop_on_ratio=_max_ratio(trial) is not None)
-        monitor = Disturbances.open(s.device)
-        on_block = monitor.check if monitor is not None else None
+        watch = self._watch(case)
         against = trial.calls(case.against) if case.against is not None else None
         nbytes = input_bytes(trial.first)
         on_progress = self._on_progress()
@@ -623,13 +631,16 @@ class Runner:
                 timer,
                 cfg,
                 bytes_per_copy=nbytes,
-                on_block=on_block,
+                watch=watch,
                 base=base,
                 on_progress=on_progress,
             )
+        if isinstance(watch, CpuWatch) and watch.unwatched:
+            record.notes.append(watch.unwatched)
         record.env = self._env(case, trial.first)
         verdict = self._judge(trial, record, m, twin)
-        if verdict.needs_remeasure and not s.update:
+        disturbed = list(m.notes)
+        if disturbed or (verdict.needs_remeasure and not s.update):
             with self._lock(exclusive=True):
                 m2 = measure(
                     trial.calls(trial.variant.fn),
@@ -638,14 +649,34 @@ class Runner:
                     cfg,
                     copies=m.reps,
                     bytes_per_copy=nbytes,
-                    on_block=on_block,
+                    watch=watch,
                     base=base,
                     on_progress=on_progress,
                 )
-            m = pooled(m, m2, cfg.confidence)
+            if disturbed and not m2.notes:
+                # The disturbance passed: the clean blocks alone are judged (and stored by an update).
+                m, note = m2, "re-measured once: the first measurement was disturbed (" + "; ".join(disturbed) + ")"
+            else:
+                m, note = pooled(m, m2, cfg.confidence), "re-measured once in a fresh order (blocks pooled)"
             verdict = self._judge(trial, record, m, twin)
-            verdict.notes.append("re-measured once in a fresh order (blocks pooled)")
+            verdict.notes.append(note)
+        if verdict.disturbances:
+            off = " (where the load is by design, --perfguard-no-cpu-watch)" if isinstance(watch, CpuWatch) else ""
+            verdict.notes.append(
+                f"disturbed {'in both measurements' if disturbed else 'in the re-measurement'}: inconclusive, "
+                f"never a failure, and never stored as a baseline; time it on a quiet machine{off}"
+            )
         return m, verdict
+
+    def _watch(self, case: PerfCase) -> Watch | None:
+        """What watches the machine while the case is timed: NVML on a GPU; on CPU the host's load, unless
+        the case times on an injected clock (the host's load cannot move it) or the watch is turned off."""
+        s = self.state.settings
+        if self.state.kind == "cuda":
+            return Disturbances.open(s.device)
+        if case.clock is not None or not s.cpu_watch:
+            return None
+        return CpuWatch()
 
     def _stored(self) -> bl.BaselineEntry | None:
         baseline = self.state.baseline
@@ -719,6 +750,9 @@ class Runner:
         confirmation: Confirmation | None = None
         if status is Status.REGRESSED and not s.update:
             confirmation = confirm_regression(self, verdict)
+            if confirmation.deferred:  # past the single confirmations: the batch settles it (confirm.Batch)
+                self._deferred = (record, verdict, trial.variant.fn is trial.case.against)
+                return
             status = confirmation.status
         elif status is Status.FASTER and not s.update and "ab" in (verdict.deciding or ()):
             confirmation = confirm_faster(self, verdict)
@@ -726,6 +760,7 @@ class Runner:
         elif (
             s.update
             and s.update_processes <= 1  # more processes are the check: session._process_samples
+            and not verdict.disturbances  # never stored: nothing to confirm
             and stored is not None
             and stored.workload == record.workload
             and not incomparable(stored.env, record.env or {})
@@ -733,11 +768,33 @@ class Runner:
             assert record.median_ns is not None
             confirmation = confirm_move(self, stored, record.median_ns, verdict)
             record.baseline_hold = confirmation.hold_back or None
+        self._settle(record, verdict, status, confirmation, variant_is_against=trial.variant.fn is trial.case.against)
+
+    def conclude_deferred(self, confirmation: Confirmation) -> None:
+        """The end of a case whose regression waited for the batch confirmation: settled with the batch's
+        answer, kept, and turned into pass or fail (called by confirm.Batch in place of the call phase)."""
+        __tracebackhide__ = True
+        assert self._deferred is not None, "no regression of this case waits for a confirmation"
+        (record, verdict, variant_is_against), self._deferred = self._deferred, None
+        self._settle(record, verdict, confirmation.status, confirmation, variant_is_against=variant_is_against)
+        self._conclude(record)
+
+    def _settle(
+        self,
+        record: CaseRecord,
+        verdict: Verdict,
+        status: Status,
+        confirmation: Confirmation | None,
+        *,
+        variant_is_against: bool,
+    ) -> None:
+        """The judged record: gates, notes and verdict, and the failure of a regression (or under --strict)."""
+        s = self.state.settings
         record.gates = [g.to_json() for g in verdict.gates]
-        record.mde = case_mde(verdict.deciding_gates(), variant_is_against=trial.variant.fn is trial.case.against)
+        record.mde = case_mde(verdict.deciding_gates(), variant_is_against=variant_is_against)
         record.notes, record.disturbances = [*record.notes, *verdict.notes], verdict.disturbances
         record.verdict = status
-        record.reasons = [g.reason for g in verdict.gates if g.reason] + verdict.disturbances + verdict.notes
+        record.reasons = verdict.disturbances + [g.reason for g in verdict.gates if g.reason] + verdict.notes
         if confirmation is not None and confirmation.info is not None:
             record.confirmation = confirmation.info
         failing = [g for g in verdict.deciding_gates() if g.status is Status.REGRESSED]

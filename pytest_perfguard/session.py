@@ -6,11 +6,12 @@ here raises into pytest's summary hooks: problems become messages and a non-zero
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,8 +61,9 @@ class SessionState:
     # that ran cases (the controller gathers its workers'), reported once and never in a case's checks_s.
     warmups: list[dict[str, float]] = field(default_factory=list)
     # set by the plugin in the process that writes the baseline: runs case ids, in the given order, in one
-    # fresh process and returns their records (or why there are none). An update's further processes.
-    fresh_cases: Callable[[list[str]], dict[str, CaseRecord] | str] | None = None
+    # fresh process with the given settings and returns their records (or why there are none). An update's
+    # further processes.
+    fresh_cases: Callable[[list[str], Settings], dict[str, CaseRecord] | str] | None = None
     _prior: tuple[int, tuple[float, float]] | None = field(default=None, repr=False)  # cache of `prior`
 
     @property
@@ -118,10 +120,22 @@ def baseline_file(state: SessionState) -> Path:
     return state.settings.baseline_dir / f"{state.device_info['slug']}.json"
 
 
+def aa_reading(r: CaseRecord) -> tuple[float, tuple[float, float]] | None:
+    """The head/base ratio and its 95% interval of a record timed against its own twin at HEAD (an update's
+    A/A process); None for a record without one (no base revision, or no usable twin)."""
+    gate = r.gate("ab") or {}
+    estimate, ci = gate.get("estimate"), gate.get("ci")
+    if estimate is None or not isinstance(ci, list | tuple) or len(ci) != 2 or None in ci:
+        return None
+    lo, hi, est = float(ci[0]), float(ci[1]), float(estimate)
+    return (est, (lo, hi)) if 0 < lo <= est <= hi < math.inf else None
+
+
 def sample_of(r: CaseRecord, device: str = "") -> bl.ProcessSample:
-    """What one process measured of a case, as a baseline entry keeps it."""
+    """What one process measured of a case, as a baseline entry keeps it (with its A/A reading, if any)."""
     assert r.median_ns is not None and r.ci_ns is not None
     ratio = float(r.ratio) if r.ratio is not None else None
+    aa = aa_reading(r)
     return bl.ProcessSample(
         median_ns=float(r.median_ns),
         ci_ns=(min(float(r.ci_ns[0]), float(r.median_ns)), max(float(r.ci_ns[1]), float(r.median_ns))),
@@ -130,6 +144,8 @@ def sample_of(r: CaseRecord, device: str = "") -> bl.ProcessSample:
         device=device,
         date=str(r.updated or date.today().isoformat()),
         blocks=int(r.blocks or 0),
+        aa_ratio=aa[0] if aa is not None else None,
+        aa_ci=aa[1] if aa is not None else None,
     )
 
 
@@ -201,11 +217,28 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
                     "were not collected in this "
                     "run (stale if the whole suite ran); remove them with --perfguard-update-baseline --perfguard-prune"
                 )
+    disturbed = disturbed_line(timed, update=s.update)
+    if disturbed:
+        out.messages.append(disturbed)
     warmup = warmup_line(state.warmups)
     if warmup:
         out.messages.append(warmup)
     _write_reports(state, records, timed, out)
     return out
+
+
+def disturbed_line(timed: list[CaseRecord], *, update: bool) -> str:
+    """The cases whose measurement stayed disturbed (runner: a disturbed one is re-measured once), with the
+    first one's numbers; empty when there were none. Their verdicts are the machine's, not the code's."""
+    hit = [r for r in timed if r.disturbances]
+    if not hit:
+        return ""
+    ids = ", ".join(r.id for r in hit[:5]) + (" ..." if len(hit) > 5 else "")
+    return (
+        f"perfguard: {len(hit)} timed case(s) stayed disturbed while timed (re-measured once): inconclusive"
+        + (", not stored" if update else "")
+        + f" ({ids}); {hit[0].id}: {hit[0].disturbances[0]}"
+    )
 
 
 WARMUP_NAMES = {"profiler_s": "torch.profiler's first session", "device_peak_s": "the device's peaks (NVML)"}
@@ -256,6 +289,11 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
             "spread is unknown, so their threshold falls back to 4x the stored noise; record a sample of "
             "several processes with pytest --perfguard-update-baseline"
         )
+    from .confirm import batch_line
+
+    batched = batch_line(timed)
+    if batched:
+        out.messages.append(batched)
     moved = [r for r in timed if MACHINE_MOVED in str((r.gate("baseline") or {}).get("reason") or "")]
     if moved and not s.against:
         many = len(moved) > MACHINE_MOVED_SHARE * len(timed)
@@ -341,6 +379,9 @@ def run_info(state: SessionState) -> dict[str, Any]:
         base = state.base
         if base is not None:
             info["base_sha"] = base.sha
+            if base.offsets is not None:
+                large, small = base.offsets
+                info["ab_process_sd"] = {"large": large.to_json(), "small": small.to_json()}
     return info
 
 
@@ -404,6 +445,7 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
         + (f"; {len(unstable)} unstable (see above)" if unstable else "")
     )
     _say_wide_entries(state, path, [r.id for r in good], out)
+    _say_ab_offset(path, out)
     if bad:
         out.messages.append(
             f"perfguard: {len(bad)} timed case(s) not recorded (failed or disturbed): {', '.join(bad[:5])}"
@@ -418,7 +460,28 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
 
 
 def _usable(r: CaseRecord | None) -> bool:
-    return r is not None and r.median_ns is not None and r.ci_ns is not None and _recordable(r)
+    return r is not None and r.median_ns is not None and r.ci_ns is not None and (_recordable(r) or _aa_failed(r))
+
+
+def _aa_failed(r: CaseRecord) -> bool:
+    """A record of an update's A/A process that failed on its A/B gate alone: the two loaded copies of one code
+    read apart in that process, which is what the offset fit is to learn; its time is as good as any other."""
+    if not (r.timed and r.outcome is Outcome.FAILED and r.verdict is Status.REGRESSED and not r.disturbances):
+        return False
+    regressed = {g.get("gate") for g in r.gates if g.get("status") == Status.REGRESSED}
+    return "ab" in regressed and "max_ratio" not in regressed
+
+
+def _aa_settings(state: SessionState) -> tuple[Settings | None, str]:
+    """The settings of an update's A/A processes (each variant timed against its twin at HEAD), or None and
+    why there are none."""
+    s = state.settings
+    if not s.ab_offset_fit:
+        return None, "turned off (--perfguard-no-ab-offset-fit)"
+    from .ab import aa_base
+
+    sha, why = aa_base(state.rootdir, s.baseline_dir, keep_days=s.cache_days)
+    return (replace(s, against=sha), "") if sha is not None else (None, why)
 
 
 def _process_samples(
@@ -439,11 +502,17 @@ def _process_samples(
         return samples, set()
     ids = [r.id for r in good]
     missing: set[str] = set()
+    aa, no_aa = _aa_settings(state)
 
     def one_process(order: list[str], what: str) -> dict[str, CaseRecord] | None:
+        nonlocal aa, no_aa
         print(f"perfguard: {what}: {len(order)} case(s)", file=sys.stderr, flush=True)
         assert state.fresh_cases is not None
-        got = state.fresh_cases(order)
+        got = state.fresh_cases(order, aa or s)
+        if isinstance(got, str) and aa is not None:
+            # The A/A side must never cost the baseline: the process runs again as a plain one, and so do the rest.
+            aa, no_aa = None, f"the {what} failed with A/A against HEAD ({got}); it and the later ones ran without"
+            got = state.fresh_cases(order, s)
         if isinstance(got, str):
             out.errors.append(f"perfguard: no baseline written: the {what} failed: {got}")
             return None
@@ -500,7 +569,25 @@ def _process_samples(
             f"perfguard: {len(missing)} case(s) were not recorded by every process (failed or disturbed there); "
             f"they keep the samples they have: {', '.join(sorted(missing)[:5])}{' ...' if len(missing) > 5 else ''}"
         )
+    if no_aa:
+        out.messages.append(
+            f"perfguard: no A/A readings for the A/B gate's per-process offset in this update: {no_aa}. A/B runs "
+            "count what earlier readings in the baseline file fit, else the built-in H100 value"
+        )
     return samples, unstable
+
+
+def _say_ab_offset(path: Path, out: RunSummary) -> None:
+    """What the baseline file's A/A readings now fit the A/B gate's per-process offset to, per size class."""
+    try:
+        fitted = bl.read_baseline(path).ab_offset()
+    except bl.BaselineError:
+        return
+    if fitted is not None:
+        out.messages.append(
+            f"perfguard: the A/B gate's per-process offset on this device model, from the A/A readings in "
+            f"{shown(path)}: {fitted.describe()}; --perfguard-against runs on it count that"
+        )
 
 
 # A stored interval wider than this (a fraction, each side) or a case margin wider than WIDE_MARGIN makes a

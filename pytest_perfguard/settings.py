@@ -38,8 +38,9 @@ AB_DETECT_FACTOR = 2.0
 # The offset each process adds to a head/base ratio, beyond what its interval samples (sd of the log ratio,
 # fitted on H100 A/A runs so that the estimates' scatter matches their intervals, cuda_scalar left out;
 # ab_2026-11-25): the MDE counts it, the decision leaves it to the margin. Without it, +2% shifted onto real
-# A/A noise was caught in 92% of single measurements where the MDE promised 95%. Another GPU may differ:
-# `benchmarks/ab_campaign.py --summarize` fits them from A/A runs, and the settings below override them.
+# A/A noise was caught in 92% of single measurements where the MDE promised 95%. Another GPU may differ: an
+# update fits them on the user's device from A/A readings stored in the baseline file, which an A/B run then
+# uses in their place (ab.use_stored_offset); the settings below override both.
 AB_PROCESS_SD = 0.0010
 AB_SMALL_PROCESS_SD = 0.0032
 
@@ -62,6 +63,11 @@ def _positive(value: float) -> None:
 def _at_least_one(value: int) -> None:
     if value < 1:
         raise ValueError("expected a whole number of at least 1")
+
+
+def _not_negative(value: int) -> None:
+    if value < 0:
+        raise ValueError("expected a whole number of at least 0")
 
 
 def _device(value: str) -> None:
@@ -162,7 +168,8 @@ SPECS: tuple[Spec, ...] = (
         "float",
         AB_PROCESS_SD,
         "sd of the offset each process adds to a head/base ratio, which the A/B gate's MDE and stop rule count "
-        "(fitted on H100s; for another GPU fit it from A/A runs, as docs/design.md describes)",
+        "(cases from 20 us). Unset, the A/B gate uses the value fitted on this device model from the A/A readings "
+        "that --perfguard-update-baseline stores in the baseline file, else this fit from H100s",
         _spread,
     ),
     Spec(
@@ -171,6 +178,14 @@ SPECS: tuple[Spec, ...] = (
         AB_SMALL_PROCESS_SD,
         "the same for cases under 20 us",
         _spread,
+    ),
+    Spec(
+        "ab_offset_fit",
+        "bool",
+        True,
+        "time each variant against its own twin at HEAD (A/A) in an update's fresh processes and store the "
+        "readings, from which the A/B gate's per-process offset is fitted on this device (needs a clean git "
+        "checkout; costs about 1.4x the time of those processes)",
     ),
     Spec(
         "cache_days",
@@ -211,6 +226,22 @@ SPECS: tuple[Spec, ...] = (
         "re-run a regressed case (against a base revision, a faster one too) once in a fresh process; "
         "the verdict stands only if it holds there",
     ),
+    Spec(
+        "confirm_max",
+        "int",
+        10,
+        "fresh processes a session (each xdist worker) starts to confirm one case each; regressions past them "
+        "are confirmed together in one more fresh process after the last case",
+        _not_negative,
+    ),
+    Spec(
+        "cpu_watch",
+        "bool",
+        True,
+        "watch the host while timing on CPU: a measurement during which this process waited for a CPU (other "
+        "processes' load) or the hypervisor stole time is re-measured once, and inconclusive, never stored, if "
+        "it stays disturbed",
+    ),
     Spec("json", "path", None, "write every result to this JSON file"),
     Spec("html", "path", None, "write a self-contained HTML report to this file"),
     Spec(
@@ -242,6 +273,7 @@ class Settings:
     ab_small_margin: float = DEFAULT_AB_SMALL_MARGIN
     ab_process_sd: float = AB_PROCESS_SD
     ab_small_process_sd: float = AB_SMALL_PROCESS_SD
+    ab_offset_fit: bool = True
     cache_days: float = 30.0
     baseline_dir: Path = Path(".ci/baselines")
     margin: float = DEFAULT_MARGIN
@@ -250,6 +282,8 @@ class Settings:
     total_budget: float = 0.0
     case_timeout: float = 900.0
     confirm: bool = True
+    confirm_max: int = 10
+    cpu_watch: bool = True
     json: Path | None = None
     html: Path | None = None
     strict: bool = False

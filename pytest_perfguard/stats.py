@@ -81,6 +81,19 @@ def t_quantile(p: float, df: int) -> float:
     return 0.5 * (lo + hi)
 
 
+def chi2_quantile(p: float, df: float) -> float:
+    """The chi-square quantile at ``p`` in (0, 1) for ``df`` > 0 degrees of freedom (not only whole ones), by
+    the Wilson-Hilferty cube-root approximation (no scipy at run time: see above): within 0.3% of the exact
+    value for p from 0.05 to 0.99 from df = 10 on, where the offset fit uses it; far off in the lower tail of a
+    few degrees of freedom (34% low at p = 0.01, df = 3)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be between 0 and 1, got {p}")
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    a = 2.0 / (9.0 * df)
+    return df * max(0.0, 1.0 - a + normal_quantile(p) * math.sqrt(a)) ** 3
+
+
 @dataclass(frozen=True)
 class Interval:
     """A point estimate with a two-sided confidence interval, all on the same scale."""

@@ -64,6 +64,24 @@ class Timer(Protocol):
         ...
 
 
+class Watch(Protocol):
+    """Watches the machine over a measurement's timed blocks for what makes their times wrong without the
+    code changing: another process's load, stolen or throttled clocks (cpuwatch.CpuWatch, device.Disturbances).
+    What it reports is a disturbance: the caller re-measures, and never fails or stores a disturbed case."""
+
+    def start(self) -> None:
+        """The timed blocks begin (after warm-up and the choice of reps)."""
+        ...
+
+    def block(self) -> str | None:
+        """After each block: a disturbance seen now, or None."""
+        ...
+
+    def stop(self) -> list[str]:
+        """The blocks are over: the disturbances judged over the whole timed window."""
+        ...
+
+
 # ----------------------------------------------------------------------------------------------- CPU
 
 
@@ -330,7 +348,7 @@ class Measurement:
     mode: str
     elapsed_s: float
     wall_ratio: float  # median wall / device time per call (1.0 on CPU)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # disturbances seen while timing (watch, on_block)
     base_blocks: list[float] | None = None  # the base revision's twin, timed in the same blocks
     groups: list[int] | None = None  # the capture group of each block (A/B)
     gap_ns: float = 0.0  # median over the variant's samples of wall minus event time (whole sample)
@@ -432,15 +450,17 @@ def measure(
     on_block: Callable[[], str | None] | None = None,
     base: Callable[[int], Call] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    watch: Watch | None = None,
 ) -> Measurement:
     """Times `variant` (and `against`, and `base`, interleaved) until the CIs are narrow enough or the
     budget is spent.
 
     `variant(i)`, `against(i)` and `base(i)` return a zero-argument call that runs on input copy `i`; all
     sides use the same copies, so the per-block ratios compare like with like. `base` is the same variant
-    at another revision (the A/B gate). `on_block` may report a disturbance (throttling, another process);
-    it is recorded and makes the caller treat the result as inconclusive. `on_progress` sees each block
-    (the live progress line); it must not measure anything.
+    at another revision (the A/B gate). `watch` and `on_block` (after each block) may report a disturbance
+    (throttling, another process's load); it is kept in the measurement's notes, and the caller re-measures
+    and never fails or stores a disturbed case. `on_progress` sees each block (the live progress line); it
+    must not measure anything.
     """
     rng = rng or random.Random()
     t_start = timer.now_ns()
@@ -505,6 +525,13 @@ def measure(
     sample_times: list[float] = []
     notes: list[str] = []
     stop_reason = "max_blocks"
+
+    def seen(problem: str | None) -> None:
+        if problem and problem not in notes:
+            notes.append(problem)
+
+    if watch is not None:
+        watch.start()
     while len(blocks["v"]) < cfg.max_blocks:
         n = len(blocks["v"])
         if every and n and n % every == 0:
@@ -525,9 +552,9 @@ def measure(
             blocks[side].append(statistics.median(per_side[side]))
         groups.append(n // every if every else 0)
         if on_block is not None:
-            problem = on_block()
-            if problem and problem not in notes:
-                notes.append(problem)
+            seen(on_block())
+        if watch is not None:
+            seen(watch.block())
         n += 1
         spent = timer.now_ns() - t_start
         if on_progress is not None:
@@ -539,6 +566,9 @@ def measure(
         if spent >= budget_ns and n >= min(min_blocks, 6):
             stop_reason = "budget"
             break
+    if watch is not None:
+        for problem in watch.stop():
+            seen(problem)
     log_t, log_r = _intervals(blocks["v"], blocks.get("a"), cfg.confidence)
     elapsed = (timer.now_ns() - t_start) / 1e9
     return Measurement(

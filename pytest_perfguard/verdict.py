@@ -144,8 +144,13 @@ class Verdict:
     @property
     def status(self) -> Status:
         statuses = {g.status for g in self.deciding_gates()}
-        if self.disturbances and REGRESSED in statuses:
-            return INCONCLUSIVE  # a disturbed measurement never fails the build
+        if self.disturbances:
+            # A disturbed measurement decides nothing: its times say what the machine did, not what the code
+            # does. Never a failure, a pass, faster, or (in an update) a new baseline; a stored figure that
+            # cannot be compared stays not comparable.
+            statuses = {INCONCLUSIVE if x in (REGRESSED, FASTER, PASS, NO_BASELINE) else x for x in statuses}
+            if not statuses:
+                return INCONCLUSIVE
         for s in _ORDER:
             if s in statuses:
                 return s

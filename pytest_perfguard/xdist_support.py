@@ -8,11 +8,12 @@ controller also hands its resolved paths to the workers, so every process reads 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -69,6 +70,38 @@ def send_timeout(config: pytest.Config, item: pytest.Item, message: str) -> None
     )
     attach_records(config, report)
     config.hook.pytest_runtest_logreport(report=report)
+
+
+def late_reports(config: pytest.Config) -> bool:
+    """Whether this process can log an item's reports after the item's protocol ended (confirm.Batch):
+    always outside an xdist worker; in one, when its reporter is one that `reporting_as` can point."""
+    return not is_worker(config) or _worker_reporter(config) is not None
+
+
+@contextlib.contextmanager
+def reporting_as(item: pytest.Item) -> Iterator[None]:
+    """Around logging `item`'s reports after its protocol ended. A worker's xdist reporter sends each report
+    as the item it ran last, and checks that the ids agree: it is pointed at `item` meanwhile."""
+    reporter = _worker_reporter(item.config)
+    if reporter is None:
+        yield
+        return
+    before = reporter.item_index
+    reporter.item_index = item.session.items.index(item)
+    try:
+        yield
+    finally:
+        reporter.item_index = before
+
+
+def _worker_reporter(config: pytest.Config) -> Any:
+    """xdist's worker-side reporter (its WorkerInteractor), when this is a worker and it has one."""
+    if not is_worker(config):
+        return None
+    for plugin in config.pluginmanager.get_plugins():
+        if type(plugin).__name__ == "WorkerInteractor" and hasattr(plugin, "item_index"):
+            return plugin
+    return None
 
 
 def worker_output(config: pytest.Config) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_perfguard.baseline import SCHEMA_VERSION
+
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end
 
@@ -335,7 +337,7 @@ def test_update_then_aa_rerun_passes_and_planted_slowdown_fails(project: pytest.
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*baseline .ci*baselines*.json: 4 added*"])
     stored = baseline_json(project)
-    assert stored["schema_version"] == 2 and len(stored["cases"]) == 4
+    assert stored["schema_version"] == SCHEMA_VERSION and len(stored["cases"]) == 4
     assert not list((project.path / ".ci" / "baselines").glob("*.tmp*"))
 
     result = run(project, mode, "--perfguard", "--perfguard-json", "aa.json")  # A/A: same kernels, fresh process

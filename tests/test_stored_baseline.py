@@ -14,6 +14,8 @@ import json
 import pytest
 from test_plugin import CONFTEST, _case, baseline_json, run
 
+from pytest_perfguard.baseline import SCHEMA_VERSION
+
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end, in several processes
 
@@ -115,7 +117,7 @@ def test_an_old_one_number_file_is_read_migrated_and_its_cases_stay_judged(proje
     result = project.run("perfguard", "migrate", str(path))
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     migrated = json.loads(path.read_text())
-    assert migrated["schema_version"] == 2
+    assert migrated["schema_version"] == SCHEMA_VERSION
     assert all(len(e["samples"]) == 1 and e["runs"] == 1 for e in migrated["cases"].values())
 
 

@@ -4,7 +4,9 @@ Why: a workflow is code that is otherwise only run after a push. act runs it her
 Python environment. act cannot download actions offline, and it clones every remote action of a job
 before the job starts, even one whose ``if:`` skips it under act. So each pinned ``uses:`` is mapped
 with ``--local-repository`` to an empty composite action; the workflows skip those steps under act
-anyway, and act replaces a checkout without ``ref`` by a copy of the working tree.
+anyway, and act replaces a checkout without ``ref`` by a copy of the working tree. The artifact actions
+are the exception: they run under act, so that each shard's results reach the merge job, and are mapped
+to stand-ins (tests/act_artifacts.py) that keep every artifact of the run in a folder, the test's store.
 
 Each act call works on a throwaway git copy of the repository and is bounded by a timeout.
 """
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from act_artifacts import write_standins
 
 from pytest_perfguard.history import open_history
 
@@ -155,13 +158,18 @@ def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
-def _stub_args(workflow: Path, tmp_path: Path) -> list[str]:
-    """--local-repository for every pinned remote action, so act never goes online."""
+def _stub_args(workflow: Path, tmp_path: Path, store: Path) -> list[str]:
+    """--local-repository for every pinned remote action, so act never goes online; the artifact actions
+    get stand-ins that keep artifacts in `store`."""
     stub = tmp_path / "stub-action"
     stub.mkdir(exist_ok=True)
     (stub / "action.yml").write_text(STUB_ACTION)
+    standins = write_standins(tmp_path / "standins" / store.name, store)
     args: list[str] = []
     for name, sub, sha in sorted(set(_USES.findall(workflow.read_text()))):
+        if name in standins:
+            args += ["--local-repository", f"{name}@{sha}={standins[name]}"]
+            continue
         # A checkout without `ref` act replaces by a copy of the working tree; one with a `ref` (the PR's
         # head under pull_request_target, skipped under act) it would still fetch: that one gets the stub.
         if sub:  # act reads an action in a subfolder of the repository from that subfolder of the stub
@@ -181,10 +189,12 @@ def _run_act(
     timeout: int = ACT_TIMEOUT_S,
     path_first: Path | None = None,
     workflow_from: Path | None = None,
+    store: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run act in host mode on the copy; the host Python (this interpreter's venv) comes first on PATH.
     `workflow_from`: the repository whose copy of the workflow file runs (as GitHub takes a
-    pull_request_target workflow from the default branch, whatever the PR's tree holds)."""
+    pull_request_target workflow from the default branch, whatever the PR's tree holds).
+    `store`: the folder that holds the run's artifacts (default: `tmp_path / "artifacts"`)."""
     assert ACT is not None
     wf = (workflow_from or repo) / ".github" / "workflows" / workflow
     cmd = [
@@ -200,7 +210,7 @@ def _run_act(
         str(tmp_path / "act-cache"),
         "--no-cache-server",  # act would otherwise start a cache server on a non-loopback address
         "--pull=false",
-        *_stub_args(wf, tmp_path),
+        *_stub_args(wf, tmp_path, store or tmp_path / "artifacts"),
         *extra,
     ]
     path = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
@@ -255,17 +265,55 @@ def test_act_tests_workflow_passes(repo_copy: Path, tmp_path: Path) -> None:
     assert "Success - Main Zizmor" in out, _act_output(proc)
 
 
-@needs_act
-def test_act_perfguard_workflow_on_cpu(repo_copy: Path, tmp_path: Path) -> None:
-    """perfguard.yml's GPU job runs on CPU under act and leaves results JSON and a Markdown summary."""
-    artifacts = tmp_path / "artifacts"
-    proc = _run_act(
-        repo_copy,
-        tmp_path,
-        "push",
-        "perfguard.yml",
-        "-j",
-        "guard",
+def _standin(command: str, cwd: Path, store: Path, **inputs: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **{f"INPUT_{k.upper()}": v for k, v in inputs.items()}}
+    script = Path(__file__).resolve().parent / "act_artifacts.py"
+    args = [sys.executable, str(script), command, str(store)]
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_artifact_standins_keep_the_real_actions_layout(tmp_path: Path) -> None:
+    """The stand-ins lay artifacts out as the real actions do for the inputs the workflows use: a glob's
+    files under the folder it searches, a folder's contents at the root; `pattern` downloads one folder per
+    artifact, `merge-multiple` all into one; a repeated name or a missing artifact is an error."""
+    work, store = tmp_path / "work", tmp_path / "store"
+    (work / ".ci" / "baselines").mkdir(parents=True)
+    (work / ".ci" / "baselines" / "nvidia-l4.json").write_text("{}")
+    (work / "perfguard-pr").mkdir()
+    (work / "perfguard-pr" / "pr-number.txt").write_text("7\n")
+    assert _standin("upload", work, store, name="perfguard-baselines-l4", path=".ci/baselines/*.json").returncode == 0
+    assert _standin("upload", work, store, name="perfguard-pr", path="perfguard-pr/").returncode == 0
+    assert (store / "perfguard-baselines-l4" / "nvidia-l4.json").is_file()
+    assert (store / "perfguard-pr" / "pr-number.txt").read_text() == "7\n"
+    again = _standin("upload", work, store, name="perfguard-pr", path="perfguard-pr/")
+    assert again.returncode == 1 and "already uploaded" in again.stdout
+    none = _standin("upload", work, store, name="x", path="missing.json", IF_NO_FILES_FOUND="error")
+    assert none.returncode == 1 and "No files were found" in none.stdout and not (store / "x").exists()
+
+    down = tmp_path / "down"
+    down.mkdir()
+    assert _standin("download", down, store, pattern="perfguard-*", path="each").returncode == 0
+    assert sorted(p.name for p in (down / "each").iterdir()) == ["perfguard-baselines-l4", "perfguard-pr"]
+    assert _standin("download", down, store, pattern="perfguard-*", path="one", MERGE_MULTIPLE="true").returncode == 0
+    assert sorted(p.name for p in (down / "one").iterdir()) == ["nvidia-l4.json", "pr-number.txt"]
+    missing = _standin("download", down, store, name="perfguard-results")
+    assert missing.returncode == 1 and "Artifact not found" in missing.stdout
+
+
+# ------------------------------------------------------------------------ the sharded perf guard workflow
+
+# The act runs' runner kind: "cpu", its whole perf suite split over the workflow's two shards.
+CPU_RUNNERS = json.dumps([{"kind": "cpu", "select": "tests/perf"}])
+SHARD_JOB = re.compile(
+    r"^\[perfguard/perf guard \((?P<kind>[\w.-]+), shard (?P<shard>\d+) of (?P<shards>\d+)\)[^\]]*\]"
+)
+PYTEST_COUNTS = re.compile(r"\| =* ?(?P<counts>\d+ \w+(?:, \d+ \w+)*) in [\d.]+s")
+NOT_RUN = ("deselected", "warning", "warnings")  # the words of pytest's last line that count no test run
+
+
+def _guard_env(tmp_path: Path) -> list[str]:
+    """What a guard job on this CPU needs: no GPU, a short budget, no baseline, the suite's own cache."""
+    return [
         "--var",
         "PERFGUARD_REQUIRE_GPU=0",
         "--env",
@@ -274,31 +322,149 @@ def test_act_perfguard_workflow_on_cpu(repo_copy: Path, tmp_path: Path) -> None:
         "--env",
         "PERFGUARD_ALLOW_MISSING=1",
         "--env",
-        f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
-        timeout=420,
+        f"PERFGUARD_CACHE_DIR={tmp_path / 'cache'}",
+    ]
+
+
+def _shard_counts(out: str) -> dict[int, dict[str, int]]:
+    """Each shard job's pytest counts (passed, skipped, deselected, ...), from act's prefixed log lines."""
+    counts: dict[int, dict[str, int]] = {}
+    for line in out.splitlines():
+        job, found = SHARD_JOB.match(line), PYTEST_COUNTS.search(line)
+        if job and found:
+            pairs = (part.split(" ") for part in found.group("counts").split(", "))
+            counts[int(job.group("shard"))] = {word: int(n) for n, word in pairs}
+    return counts
+
+
+def _collected(repo: Path, *select: str) -> set[str]:
+    """The node ids pytest collects for a selection, in the repository copy: what the shards split."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *select,
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    ids = {line for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")}
+    assert proc.returncode == 0 and ids, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return ids
+
+
+@needs_act
+def test_act_sharded_run_merges_into_one_summary(repo_copy: Path, tmp_path: Path) -> None:
+    """perfguard.yml on a push, under act, with two local runners of kind "cpu": each shard runs its part of
+    the perf suite end to end with --perfguard and uploads its results; the merge job merges them into one
+    results file, one summary and the history, every case exactly once. Then a shard's results from
+    another commit make the merge job fail, naming the file."""
+    store = tmp_path / "artifacts"
+    proc = _run_act(
+        repo_copy,
+        tmp_path,
+        "push",
+        "perfguard.yml",
+        "--var",
+        f"PERFGUARD_RUNNERS={CPU_RUNNERS}",
+        *_guard_env(tmp_path),
+        timeout=480,
+        store=store,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, _act_output(proc)
-    assert "Job succeeded" in out, _act_output(proc)
-    assert "allowed by --perfguard-allow-missing" in out, _act_output(proc)
-    results = artifacts / "perfguard-results.json"
-    assert results.is_file(), _act_output(proc)
-    data = json.loads(results.read_text())
-    assert isinstance(data, dict) and data.get("results"), f"no timed results in {results}: {data}"
-    history = artifacts / "history.sqlite"  # a push to main adds its run to the history
-    assert history.is_file(), _act_output(proc)
-    with open_history(history) as kept:
-        assert kept.run_count() == 1 and kept.case_names(), _act_output(proc)
-    summary = artifacts / "step-summary.md"
-    assert summary.is_file(), _act_output(proc)
-    text = summary.read_text()
-    assert re.search(r"^\|.*\|\s*$", text, re.MULTILINE), text
-    assert re.search(r"^\|\s*:?-{3,}", text, re.MULTILINE), text
+    assert out.count("🏁  Job succeeded") == 3, _act_output(proc)  # two shards and the merge job
+    assert "Success - Main The runners' verdicts" in out, _act_output(proc)
+    assert "Running group 1/2" in out and "Running group 2/2" in out, _act_output(proc)  # pytest-split
+
+    # Each shard ran its share: together every collected test once, each shard deselecting the other's.
+    collected = _collected(repo_copy, "tests/perf")
+    counts = _shard_counts(out)
+    assert sorted(counts) == [1, 2], _act_output(proc)
+    ran = {shard: sum(n for word, n in c.items() if word not in NOT_RUN) for shard, c in counts.items()}
+    assert all(n > 0 for n in ran.values()) and sum(ran.values()) == len(collected), counts
+    assert all(counts[s]["deselected"] == len(collected) - ran[s] for s in counts), counts
+
+    shards = {
+        s: json.loads((store / f"perfguard-results-cpu-{s}" / "perfguard-results.json").read_text()) for s in (1, 2)
+    }
+    merged = json.loads((store / "perfguard-results" / "perfguard-results.json").read_text())
+    assert merged["kind"] == "perfguard-merged-results", merged.get("kind")
+    assert [run["source"] for run in merged["runs"]] == [
+        f"perfguard-shards/perfguard-results-cpu-{s}/perfguard-results.json" for s in (1, 2)
+    ]
+    ids = [record["id"] for run in merged["runs"] for record in run["results"]]
+    assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]  # every case exactly once
+    by_shard = {s: {r["id"] for r in doc["results"]} for s, doc in shards.items()}
+    assert by_shard[1] and by_shard[2] and not by_shard[1] & by_shard[2], by_shard
+    assert set(ids) == by_shard[1] | by_shard[2] and set(ids) <= collected
+    assert all(doc["results"] and any(r.get("median_ns") for r in doc["results"]) for doc in shards.values())
+    # A shard's verdicts use the family of an unsharded run: every collected case (pytest-split deselects
+    # after the plugin has counted them).
+    assert {doc["summary"]["family_size"] for doc in shards.values()} == {len(collected)}, shards[1]["summary"]
+    assert len({doc["run"]["git_sha"] for doc in shards.values()}) == 1
+
+    summary = (store / "perfguard-results" / "perfguard-comment.md").read_text()  # also the job summary
+    assert re.search(r"^### perfguard: ", summary, re.M) and re.search(r"^\|\s*:?-{3,}", summary, re.M), summary
+    assert (store / "perfguard-results" / "perfguard-report.html").is_file()
+    with open_history(store / "perfguard-history" / "history.sqlite") as kept:  # a push to main adds each shard
+        assert kept.run_count() == 2 and set(kept.case_names()) <= set(ids), _act_output(proc)
+    assert not (store / "perfguard-pr").exists()  # a push has no PR to comment on
+
+    # Shard 2 again, at another commit (as from another run), then the merge job on shard 1 of the first run.
+    other = tmp_path / "other-commit"
+    _git(tmp_path, "clone", "-q", str(repo_copy), str(other))
+    _git(other, "remote", "set-url", "origin", f"https://github.com/{FAKE_REPO}.git")
+    (other / "NOTES.md").write_text("a later commit\n")
+    _git(other, "add", "NOTES.md")
+    _git(other, "commit", "-q", "-m", "a later commit")
+    other_store = tmp_path / "other-artifacts"
+    proc = _run_act(
+        other,
+        tmp_path,
+        "push",
+        "perfguard.yml",
+        "-j",
+        "guard",
+        "--matrix",
+        "shard:2",
+        "--var",
+        f"PERFGUARD_RUNNERS={CPU_RUNNERS}",
+        *_guard_env(tmp_path),
+        timeout=300,
+        store=other_store,
+    )
+    assert proc.returncode == 0, _act_output(proc)
+    later = json.loads((other_store / "perfguard-results-cpu-2" / "perfguard-results.json").read_text())
+    assert later["run"]["git_sha"] != shards[1]["run"]["git_sha"]
+    mixed = tmp_path / "mixed-artifacts"
+    shutil.copytree(store / "perfguard-results-cpu-1", mixed / "perfguard-results-cpu-1")
+    shutil.copytree(other_store / "perfguard-results-cpu-2", mixed / "perfguard-results-cpu-2")
+    proc = _run_act(repo_copy, tmp_path, "push", "perfguard.yml", "-j", "merge", timeout=180, store=mixed)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, _act_output(proc)
+    assert "Failure - Main Merge" in out, _act_output(proc)
+    shard_file = "perfguard-shards/perfguard-results-cpu-{}/perfguard-results.json".format
+    named = (
+        f"{shard_file(2)}: results of commit {later['run']['git_sha'][:12]}, "
+        f"but {shard_file(1)} has {shards[1]['run']['git_sha'][:12]}"
+    )
+    assert named in out, _act_output(proc)
+    assert not (mixed / "perfguard-results").exists() and not (mixed / "perfguard-history").exists()
 
 
 @needs_act
 def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp_path: Path) -> None:
-    """A pull request's guard job runs --perfguard-against the PR's base SHA (CPU path, a real base commit)."""
+    """A labelled pull request, through the workflow's default runner list: each shard runs
+    --perfguard-against the PR's base SHA (CPU path, a real base commit), and the merge job leaves the
+    merged summary for the comment workflow."""
     repo = tmp_path / "pr"
     _git(tmp_path, "clone", "-q", str(repo_copy), str(repo))
     _git(repo, "remote", "set-url", "origin", f"https://github.com/{FAKE_REPO}.git")
@@ -312,36 +478,35 @@ def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp
     payload = json.loads(event.read_text())
     payload["pull_request"]["base"] = {"sha": base, "ref": "main"}
     event.write_text(json.dumps(payload))
-    artifacts = tmp_path / "artifacts"
+    store = tmp_path / "artifacts"
     proc = _run_act(
         repo,
         tmp_path,
         "pull_request_target",
         "perfguard.yml",
-        "-j",
-        "guard",
         "-e",
         str(event),
-        "--var",
-        "PERFGUARD_REQUIRE_GPU=0",
-        "--env",
-        f"PERFGUARD_CASE_BUDGET={ACT_CASE_BUDGET}",
-        "--env",
-        f"PERFGUARD_ACT_ARTIFACT_DIR={artifacts}",
-        "--env",
-        f"PERFGUARD_CACHE_DIR={tmp_path / 'cache'}",
+        *_guard_env(tmp_path),
         # The wiring is under test, not the margin: CPU timing on a shared machine moves by more than 1.5%.
         "--env",
         "PERFGUARD_AB_MARGIN=0.2",
-        timeout=420,
+        timeout=480,
+        store=store,
     )
     out = proc.stdout + proc.stderr
     assert f"--perfguard-against {base}" in out or f"against {base[:12]}" in out, _act_output(proc)
-    doc = json.loads((artifacts / "perfguard-results.json").read_text())
-    assert doc["run"]["against"] == base, doc["run"]
-    gates = [g for r in doc["results"] for g in r.get("gates") or [] if g.get("gate") == "ab"]
+    shards = sorted(p.name for p in store.glob("perfguard-results-*"))
+    assert shards == ["perfguard-results-l4-1", "perfguard-results-l4-2"], _act_output(proc)
+    doc = json.loads((store / "perfguard-results" / "perfguard-results.json").read_text())
+    assert [run["source"].split("/")[1] for run in doc["runs"]] == shards
+    assert {run["run"]["against"] for run in doc["runs"]} == {base}, [run["run"] for run in doc["runs"]]
+    gates = [g for run in doc["runs"] for r in run["results"] for g in r.get("gates") or [] if g.get("gate") == "ab"]
     assert gates and all(g["status"] in ("pass", "inconclusive", "faster") for g in gates), gates
     assert "compared with the base revision" in out, _act_output(proc)
+    assert (store / "perfguard-pr" / "pr-number.txt").read_text() == "7\n"
+    assert (store / "perfguard-pr" / "perfguard-comment.md").read_text().startswith("### perfguard: ")
+    assert proc.returncode == 0, _act_output(proc)
+    assert not (store / "perfguard-history").exists()  # pull requests never write the history
 
 
 def _pr_event(tmp_path: Path, *, head_repo: str, action: str, labels: list[str], label: str | None = None) -> Path:
@@ -403,6 +568,13 @@ def _guard_planned(repo: Path, tmp_path: Path, event_path: Path, workflow_from: 
     return ran, out
 
 
+def _job(text: str, name: str) -> str:
+    """One job of a workflow file, from its key to the next job's key (or the end)."""
+    start = text.index(f"\n  {name}:\n") + 1
+    following = re.search(r"^  [\w-]+:\n", text[start + 1 :], re.M)
+    return text[start : start + 1 + following.start()] if following else text[start:]
+
+
 def test_pull_requests_reach_the_gpu_only_through_the_default_branch_workflow() -> None:
     """The gate is not in a file the PR can edit: no `pull_request` trigger (whose workflow file is the
     PR's), only pull_request_target (the default branch's file), and the job that runs PR code needs the
@@ -412,7 +584,7 @@ def test_pull_requests_reach_the_gpu_only_through_the_default_branch_workflow() 
     assert on is not None
     triggers = re.findall(r"^  ([\w-]+):", on.group(1), re.M)
     assert sorted(triggers) == ["pull_request_target", "push", "workflow_dispatch"], triggers
-    guard = text[text.index("\n  guard:") : text.index("\n  baseline-pr:")]
+    guard = _job(text, "guard")
     assert "github.event.action == 'labeled' && github.event.label.name == 'gpu-ok'" in guard
     assert "ref: ${{ github.event.pull_request.head.sha }}" in guard
     assert re.search(r"^    permissions:\n      contents: read # [^\n]*\n    #", guard, re.M), "read-only token"
@@ -420,6 +592,46 @@ def test_pull_requests_reach_the_gpu_only_through_the_default_branch_workflow() 
     assert guard.count("persist-credentials: false") == guard.count("uses: actions/checkout@")
     doc = (REPO_ROOT / "docs" / "self-hosted-runner.md").read_text()
     assert ".github/workflows/perfguard.yml@refs/heads/main" in doc, "the runner group's workflow setting"
+
+
+def test_each_case_runs_on_one_runner_kind_in_one_shard() -> None:
+    """The guard's matrix: runner kinds (label and pytest selection each) times pytest-split's shards, the
+    default list valid JSON, the shard count the length of the shard list, and the pin of pytest-split
+    the dev extra's; each shard uploads under its own name, and the merge job takes them all."""
+    text = (WORKFLOWS / "perfguard.yml").read_text()
+    guard = _job(text, "guard")
+    default = re.search(r"runner: \$\{\{ fromJSON\(vars\.PERFGUARD_RUNNERS \|\| '([^']*)'\) \}\}", guard)
+    assert default is not None, "the runner kinds come from PERFGUARD_RUNNERS, with a default"
+    kinds = json.loads(default.group(1))
+    assert kinds and all(set(k) == {"kind", "select"} for k in kinds), kinds
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", k["kind"]) for k in kinds), kinds
+    shard = re.search(r"^        shard: \[([\d, ]+)\]$", guard, re.M)
+    shards = re.search(r"^        shards: \[(\d+)\]", guard, re.M)
+    assert shard is not None and shards is not None
+    assert [int(s) for s in shard.group(1).split(",")] == list(range(1, int(shards.group(1)) + 1))
+    assert 'runs-on: [self-hosted, linux, x64, gpu, "${{ matrix.runner.kind }}"]' in guard
+    assert 'args+=(--splits "${SHARDS}" --group "${SHARD}"' in guard
+    assert "name: perfguard-results-${{ matrix.runner.kind }}-${{ matrix.shard }}" in guard
+    assert "fail-fast: false" in guard
+    pin = re.search(r"pytest-split==[\d.]+", guard)
+    assert pin is not None and f'"{pin.group(0)}"' in (REPO_ROOT / "pyproject.toml").read_text()
+    merge = _job(text, "merge")
+    assert "needs: guard" in merge and "pattern: perfguard-results-*" in merge
+    assert 'perfguard merge "${files[@]}" -o perfguard-results.json' in merge
+
+
+def test_merge_job_runs_no_pull_request_code() -> None:
+    """The merge job checks out this workflow's ref (the base branch under pull_request_target), never the
+    PR's head; it has a read-only token, runs on a GitHub-hosted runner, and reads the shards' results as
+    data."""
+    merge = _job((WORKFLOWS / "perfguard.yml").read_text(), "merge")
+    perms = re.search(r"^    permissions:\n((?:      .*\n)+)", merge, re.M)
+    assert perms is not None
+    assert dict(re.findall(r"^      ([\w-]+): (\w+)", perms.group(1), re.M)) == {"contents": "read"}
+    assert "runs-on: ubuntu-24.04" in merge and "self-hosted" not in merge
+    assert "pull_request.head" not in merge and not re.search(r"^\s+ref:", merge, re.M)
+    assert merge.count("uses: actions/checkout@") == merge.count("persist-credentials: false") == 1
+    assert "if: ${{ !cancelled() && needs.guard.result != 'skipped' }}" in merge
 
 
 @needs_act

@@ -207,8 +207,8 @@ BAD_TEXT = [
     ),
     ('{"schema_version": -1, "device": {}, "cases": {}}', "'schema_version' must be a non-negative integer"),
     (
-        '{"schema_version": 3, "device": {}, "cases": {}}',
-        "newer pytest-perfguard (schema 3 > 2): upgrade pytest-perfguard",
+        '{"schema_version": 4, "device": {}, "cases": {}}',
+        "newer pytest-perfguard (schema 4 > 3): upgrade pytest-perfguard",
     ),
     ('{"schema_version": 1, "cases": {}}', "missing field 'device'"),
     ('{"schema_version": 1, "device": {"slug": "a"}, "cases": {}}', "'device' is missing field 'name'"),

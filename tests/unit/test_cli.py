@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_perfguard.baseline import BaselineEntry, BaselineFile, read_baseline, write_baseline
+from pytest_perfguard.baseline import SCHEMA_VERSION, BaselineEntry, BaselineFile, read_baseline, write_baseline
 from pytest_perfguard.cli import change_ci, compare_threshold, judge, main
 from pytest_perfguard.record import CaseRecord
 from pytest_perfguard.report import format_ratio, format_time
@@ -384,11 +384,11 @@ def test_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "nvidia-l4.json"
     path.write_text(json.dumps({"schema_version": 0, "device": "NVIDIA L4", "cases": {"t.py::a": {"median_us": 47}}}))
     status, out, _ = run(capsys, "migrate", str(path))
-    assert status == 0 and "migrated from schema 0 to 2" in out
-    assert json.loads(path.read_text())["schema_version"] == 2
+    assert status == 0 and f"migrated from schema 0 to {SCHEMA_VERSION}" in out
+    assert json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION
     assert read_baseline(path).cases["t.py::a"].median_ns == 47_000.0
     status, out, _ = run(capsys, "migrate", str(path))
-    assert status == 0 and "already schema 2, nothing to do" in out
+    assert status == 0 and f"already schema {SCHEMA_VERSION}, nothing to do" in out
 
 
 def test_migrate_bad_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

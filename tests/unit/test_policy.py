@@ -59,9 +59,11 @@ def test_the_discordance_rule_on_recorded_h200_noise_rarely_fires() -> None:
     """Process medians of real H200 block noise (tests/data), three processes a case: the rule calls few
     unchanged cases discordant, so an update re-measures little on a quiet GPU."""
     import json
+    import lzma
     from pathlib import Path
 
-    data = json.loads((Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json").read_text())
+    path = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json.xz"
+    data = json.loads(lzma.decompress(path.read_bytes()))
     rng = random.Random(5)
     fired = total = 0
     for case in data["cases"].values():
@@ -115,3 +117,48 @@ def test_an_unstable_entry_is_inconclusive_never_pass_or_fail() -> None:
     for centre in (1000.0, 2000.0):
         v = vd.decide(_blocks(centre), _blocks(800.0, seed=2), unstable, **kw)
         assert v.status is vd.INCONCLUSIVE and "unstable baseline" in v.gates[0].reason
+
+
+def test_the_bound_for_a_mean_of_m_processes_is_t_times_spread_times_root_one_over_m_plus_one_over_k() -> None:
+    assert policy.mean_prediction_bound(0.01, 3, 2) == pytest.approx(
+        sps.t.ppf(0.99, 2) * 0.01 * math.sqrt(1 / 2 + 1 / 3)
+    )
+    assert policy.mean_prediction_bound(0.01, 5, 1) == pytest.approx(policy.prediction_bound(0.01, 5))
+    assert policy.mean_prediction_bound(0.01, 3, 2, dof=6) == pytest.approx(
+        sps.t.ppf(0.99, 6) * 0.01 * math.sqrt(1 / 2 + 1 / 3)
+    )
+    with pytest.raises(ValueError):
+        policy.mean_prediction_bound(0.01, 1, 2)
+    with pytest.raises(ValueError):
+        policy.mean_prediction_bound(0.01, 3, 0)
+
+
+def test_the_threshold_of_two_processes_is_narrower_than_one_processes_and_never_below_the_margin() -> None:
+    # a noisy case: both bounds above the margin, the mean's narrower by sqrt((1/2 + 1/k) / (1 + 1/k))
+    one = policy.sample_threshold(0.05, 0.03, 4, 0.005)
+    two = policy.mean_threshold(0.05, 0.03, 4, 0.005)
+    assert 0.05 < two < one
+    assert math.log1p(two) / math.log1p(one) == pytest.approx(math.sqrt((1 / 2 + 1 / 4) / (1 + 1 / 4)))
+    # a quiet case (the 98 cases on freshly started H100s): both at the margin
+    assert policy.mean_threshold(0.05, 0.002, 3, 0.005, prior=0.003) == 0.05
+    # the floor and the file's typical spread enter as in the one-process threshold
+    floored = policy.mean_threshold(0.01, 0.0, 3, 0.05)
+    assert floored == pytest.approx(math.expm1(sps.t.ppf(0.99, 2) * 0.05 * math.sqrt(1 / 2 + 1 / 3)))
+    sd, dof = policy.moderated_spread(0.03, 3, 0.01)
+    assert policy.mean_threshold(0.01, 0.03, 3, 0.0, prior=0.01) == pytest.approx(
+        math.expm1(sps.t.ppf(0.99, dof) * sd * math.sqrt(1 / 2 + 1 / 3))
+    )
+
+
+def test_two_processes_judged_together_pass_within_the_threshold_and_not_beyond() -> None:
+    """+8.1% in the guard's process and +0.9% in the fresh one: a mean of +4.4%, within 5%. +11% and +2%
+    is +6.4%: beyond it, and the case stays inconclusive."""
+    assert policy.process_mean([1.081, 1.009]) == pytest.approx(math.sqrt(1.081 * 1.009))
+    assert policy.within_together([1.081, 1.009], 0.05)
+    assert not policy.within_together([1.11, 1.02], 0.05)
+    # a fresh process that reads faster pulls the mean down; one that reads slower, up
+    assert policy.within_together([1.09, 0.99], 0.05) and not policy.within_together([1.09, 1.02], 0.05)
+    with pytest.raises(ValueError):
+        policy.process_mean([1.1, 0.0])
+    with pytest.raises(ValueError):
+        policy.process_mean([])

@@ -253,6 +253,20 @@ def test_merge_keeps_devices_apart_and_records_sources(doc: dict[str, Any], tmp_
             lambda d, p: write(p, {**other_cases(d), "run": {**RUN, "base_sha": "1" * 40}}),
             r"bad\.json: results of base revision 111111111111, but .*good\.json has bbbbbbbbbbbb",
         ),
+        (
+            lambda d, p: write(p, other_cases(d)),
+            r"bad\.json: records no commit \(it ran outside a git checkout, or with an older pytest-perfguard\), "
+            r"but .*good\.json has commit aaaaaaaaaaaa; merge the results of one commit",
+        ),
+        (
+            lambda d, p: write(p, {**other_cases(d), "run": {"git_sha": RUN["git_sha"]}}),
+            r"bad\.json: was not run against a base revision \(no --perfguard-against\), "
+            r"but .*good\.json has base revision bbbbbbbbbbbb",
+        ),
+        (
+            lambda d, p: write(p, {**other_cases(d), "run": {"git_sha": RUN["git_sha"], "against": "main"}}),
+            r"bad\.json: has no base revision \(its --perfguard-against main did not resolve\)",
+        ),
     ],
     ids=[
         "truncated",
@@ -262,6 +276,9 @@ def test_merge_keeps_devices_apart_and_records_sources(doc: dict[str, Any], tmp_
         "same-case-other-device",
         "other-commit",
         "other-base",
+        "no-commit",
+        "no-base",
+        "unresolved-base",
     ],
 )
 def test_merge_refuses_bad_input_naming_the_file(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import lzma
 import math
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from pytest_perfguard.stats import (
     walsh_averages,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json.xz"
 
 # Two-sided 0.05 critical values of the Wilcoxon signed-rank statistic (reject when T <= c), as printed in
 # the standard tables (e.g. Siegel & Castellan, Table J); n = 5 has none.
@@ -51,7 +52,7 @@ TABLE_TWO_SIDED_05 = {
 @pytest.fixture(scope="module")
 def block_medians() -> dict[tuple[str, str], np.ndarray]:
     """Median of each recorded block (30 per case and kernel), in microseconds."""
-    raw = json.loads(DATA.read_text())
+    raw = json.loads(lzma.decompress(DATA.read_bytes()))
     return {
         (case, kernel): np.median(np.asarray(blocks, dtype=np.float64), axis=1)
         for case, kernels in raw["cases"].items()

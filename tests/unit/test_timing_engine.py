@@ -7,6 +7,7 @@ them with real per-launch times recorded on an H200 (tests/data), so the verdict
 from __future__ import annotations
 
 import json
+import lzma
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from pytest_perfguard.timing import (
 )
 from pytest_perfguard.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, ab_gate, ab_progress, decide
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json.xz"
 GPU_POLICY = Policy(margin=0.02, alpha=0.05, family_size=1, noise_floor=0.003, ratio_noise_floor=0.002)
 
 
@@ -367,7 +368,7 @@ class RecordedKernels:
     """
 
     def __init__(self, case: str, kernel_name: str, seed: int, slowdown: float = 0.0) -> None:
-        raw = json.loads(DATA.read_text())
+        raw = json.loads(lzma.decompress(DATA.read_bytes()))
         self.pool = np.asarray(raw["cases"][case][kernel_name], dtype=np.float64)[:, 1:] * 1e3
         self.rng = np.random.default_rng(seed)
         self.factor = 1.0 + slowdown

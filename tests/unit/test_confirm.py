@@ -1,0 +1,147 @@
+"""The confirmation's rules on what a fresh process read (confirm.settle): two processes judged together
+against a stored sample, and where that rule does not apply (end to end: tests/test_batch_confirm.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pytest_perfguard import policy
+from pytest_perfguard.baseline import BaselineEntry, BaselineFile, ProcessSample
+from pytest_perfguard.confirm import Confirmation, settle
+from pytest_perfguard.record import CaseRecord, Outcome, Status
+from pytest_perfguard.session import SessionState, make_state
+from pytest_perfguard.settings import Settings
+from pytest_perfguard.verdict import Gate, Verdict
+
+CASE = "test_k.py::test_attn[fast-8]"
+
+
+@dataclass
+class FakeItem:
+    nodeid: str = CASE
+
+
+@dataclass
+class FakeRun:
+    """What settle reads of the runner of the case it confirms."""
+
+    state: SessionState
+    item: FakeItem = field(default_factory=FakeItem)
+    timing_s: float = 0.0
+
+
+def _state(runs: int = 3, *, against: str | None = None, unstable: bool = False) -> SessionState:
+    state = make_state(Settings(enabled=True, device="cpu", against=against))
+    times = [1000.0, 1002.0, 998.0][:runs]
+    samples = [ProcessSample(t, (t * 0.99, t * 1.01), t / 800.0, 800.0) for t in times]
+    entry = BaselineEntry.from_samples(
+        CASE, samples, workload="w", workload_desc="", env={}, updated="", noise=0.002, unstable=unstable
+    )
+    state.baseline = BaselineFile(path=Path("b.json"), exists=True, device={}, cases={CASE: entry})
+    return state
+
+
+def _gate(name: str, status: Status, estimate: float | None) -> Gate:
+    return Gate(name, status, estimate=estimate, reason=f"{name} {status}")
+
+
+def _verdict(time: float, ratio: float, *, time_status: Status = Status.REGRESSED) -> Verdict:
+    ratio_status = Status.REGRESSED if ratio > 1.1 else Status.PASS
+    return Verdict(gates=[_gate("baseline", time_status, time), _gate("ratio", ratio_status, ratio)])
+
+
+def _child(time: float, ratio: float, **kw: object) -> CaseRecord:
+    gates = [
+        {"gate": "baseline", "status": Status.PASS, "estimate": time, "reason": "time vs baseline"},
+        {"gate": "ratio", "status": Status.PASS, "estimate": ratio, "reason": "ratio"},
+    ]
+    record = CaseRecord(id=CASE, outcome=Outcome.PASSED, verdict=Status.PASS, median_ns=1000.0 * time, gates=gates)
+    for name, value in kw.items():
+        setattr(record, name, value)
+    return record
+
+
+def _settle(state: SessionState, verdict: Verdict, child: CaseRecord) -> Confirmation:
+    return settle(FakeRun(state), verdict, Status.REGRESSED, child, None)  # type: ignore[arg-type]
+
+
+def _limit(state: SessionState) -> float:
+    """The time gate's threshold for a mean of two processes, from the policy the session judges with."""
+    p = state.policy()
+    entry = state.baseline.cases[CASE] if state.baseline is not None else None
+    assert entry is not None
+    return policy.mean_threshold(p.margin, entry.noise, entry.runs, p.noise_floor, prior=p.prior_spread)
+
+
+def test_two_processes_whose_mean_is_within_the_threshold_pass_and_the_note_gives_both_readings() -> None:
+    state = _state()
+    limit = _limit(state)
+    here, there = 1.0 + limit * 1.3, 1.0 + limit * 0.3  # beyond the threshold here, within it there
+    verdict = _verdict(here, 1.0)
+    got = _settle(state, verdict, _child(there, 1.0))
+    assert got.status is Status.PASS
+    mean = math.sqrt(here * there) - 1
+    assert got.note == (
+        f"not confirmed: time vs baseline {(here - 1) * 100:+.1f}% in this process, {(there - 1) * 100:+.1f}% in a "
+        f"fresh one; the two processes' mean {mean * 100:+.1f}% is within the {limit * 100:.1f}% threshold"
+    )
+    assert verdict.notes[0] == got.note
+
+
+def test_two_processes_whose_mean_is_beyond_the_threshold_stay_inconclusive_and_say_so() -> None:
+    state = _state()
+    limit = _limit(state)
+    got = _settle(state, _verdict(1.0 + limit * 2.5, 1.0), _child(1.0 + limit * 0.5, 1.0))
+    assert got.status is Status.INCONCLUSIVE
+    assert got.note.startswith("not confirmed: baseline regressed in this process, but pass in a fresh one")
+    assert got.note.endswith(f"is beyond the {limit * 100:.1f}% threshold")
+
+
+def test_the_ratio_gate_is_judged_the_same_way_and_both_must_be_within() -> None:
+    state = _state()
+    assert _limit(state) == pytest.approx(0.154, abs=0.001)  # the CPU's noise floor sets it
+    both = _settle(state, _verdict(1.25, 1.25), _child(1.0, 1.0))  # both gates +25% here, 0 there: +11.8%
+    assert both.status is Status.PASS
+    assert "; ratio vs baseline ratio +25.0% in this process, +0.0% in a fresh one" in both.note
+    one = _settle(state, _verdict(1.25, 1.60), _child(1.0, 1.0))  # the ratio's mean +26.5%: beyond
+    assert one.status is Status.INCONCLUSIVE and "ratio vs baseline ratio +60.0%" in one.note
+
+
+def test_a_time_gate_the_machine_moved_is_left_to_the_ratio_gate() -> None:
+    state = _state()
+    verdict = _verdict(1.25, 1.25, time_status=Status.NOT_COMPARABLE)
+    got = _settle(state, verdict, _child(1.0, 1.0))
+    assert got.status is Status.NOT_COMPARABLE  # what the case is with its ratio gate passed
+    assert "time vs baseline" not in got.note and "ratio vs baseline ratio +25.0%" in got.note
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["one process stored", "unstable entry", "against a base revision", "fresh process disturbed", "max_ratio"],
+)
+def test_where_the_rule_does_not_apply_a_regression_not_repeated_stays_inconclusive(why: str) -> None:
+    state = {
+        "one process stored": _state(1),
+        "unstable entry": _state(unstable=True),
+        "against a base revision": _state(against="HEAD~1"),
+    }.get(why, _state())
+    verdict = _verdict(1.40, 1.0)
+    if why == "max_ratio":
+        verdict.gates.append(_gate("max_ratio", Status.REGRESSED, 1.4))
+    child = _child(1.0, 1.0, disturbances=["busy"] if why == "fresh process disturbed" else [])
+    got = _settle(state, verdict, child)
+    assert got.status is Status.INCONCLUSIVE
+    assert "mean" not in got.note and got.note.endswith("a process-dependent time, not judged")
+
+
+def test_a_regression_the_fresh_process_repeats_stands_whatever_the_mean() -> None:
+    state = _state()
+    child = _child(1.30, 1.0)
+    child.verdict = Status.REGRESSED
+    child.gates[0]["status"] = Status.REGRESSED
+    got = _settle(state, _verdict(1.40, 1.0), child)
+    assert got.status is Status.REGRESSED and got.note.startswith("confirmed in a fresh process: time vs baseline")
