@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _output import DEFAULT_DIR  # noqa: E402
 from _plugin import plugin_args  # noqa: E402
 
-from pytest_perfguard import correctness, integrity  # noqa: E402
+from pytest_perfguard.measure import correctness, integrity  # noqa: E402
 
 
 def _sync() -> None:

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from pytest_perfguard.cli import main
+from pytest_perfguard.commands.cli import main
 
 pytest_plugins = ["pytester"]
 

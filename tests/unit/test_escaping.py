@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_perfguard.markdown_report import markdown_summary
+from pytest_perfguard.report.markdown import markdown_summary
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200_planted_results.json"
 
@@ -59,7 +59,7 @@ def _strings(obj: Any) -> Iterator[str]:
 
 def test_plotly_labels_are_escaped(hostile: dict[str, Any]) -> None:
     pytest.importorskip("plotly")
-    from pytest_perfguard.html_report import render_html
+    from pytest_perfguard.report.html import render_html
 
     page = render_html(hostile)
     specs = [json.loads(s) for s in re.findall(r'<script type="application/json" id="spec-\d+">(.*?)</script>', page)]

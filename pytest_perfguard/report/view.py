@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .explanation import lenient
+from ..explanation import lenient
+from ..record import Status, id_order
 from .merge import runs_of
-from .record import Status, id_order
-from .results_io import ResultRecord
+from .results import ResultRecord
 
 # A case that failed the build, then one that could not be decided, then the rest; within a group, by id.
 FAILING = ("regressed", "incorrect", "error", "timeout", "flagged", "failed")

@@ -24,23 +24,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
-from .cleanup import CONFIRM_PREFIX, die_with_parent
-from .device import SESSION_PIDS_ENV, session_pids
-from .record import CaseRecord, RecordError, Status
-from .settings import Settings
+from ..measure.device import SESSION_PIDS_ENV, session_pids
+from ..record import CaseRecord, RecordError, Status
+from ..settings import Settings
+from .cleanup import CHILD_ENV, CONFIRM_PREFIX, die_with_parent, in_child
 
 if TYPE_CHECKING:
-    from .baseline import BaselineEntry
+    from ..judge.baseline import BaselineEntry
+    from ..judge.verdict import Verdict
     from .session import SessionState
-    from .verdict import Verdict
     from .watchdog import Deadline
 
-CHILD_ENV = "PERFGUARD_CONFIRMING"  # set in the fresh process, so it does not confirm again
 MAX_PER_SESSION = 10  # past this many, regressions are real enough: the rest fail unconfirmed
-
-
-def in_child() -> bool:
-    return os.environ.get(CHILD_ENV) == "1"
 
 
 class CaseRun(Protocol):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from pytest_perfguard.history import (
+from pytest_perfguard.commands.history.store import (
     DEFAULT_PATH,
     Change,
     History,
@@ -26,8 +26,8 @@ from pytest_perfguard.history import (
     open_history,
     resolve_commit,
 )
-from pytest_perfguard.report import format_ratio, format_time
-from pytest_perfguard.results_io import ResultsError
+from pytest_perfguard.report.results import ResultsError
+from pytest_perfguard.report.terminal import format_ratio, format_time
 
 PLOT_SUFFIXES = (".png", ".svg")
 PLOT_MAX_CASES = 24

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .merge import write_file
-from .report_data import (
+from .view import (
     Case,
     Gate,
     Report,

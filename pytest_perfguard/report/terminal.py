@@ -16,9 +16,9 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .jsonio import write_text_atomic
-from .record import CaseRecord, Outcome, Status, id_order
-from .results_io import RESULTS_KIND, RESULTS_SCHEMA_VERSION, ResultsError
+from ..jsonio import write_text_atomic
+from ..record import CaseRecord, Outcome, Status, id_order
+from .results import RESULTS_KIND, RESULTS_SCHEMA_VERSION, ResultsError
 
 _UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
 

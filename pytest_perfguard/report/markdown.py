@@ -14,8 +14,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import report_data as rd
-from .report_data import Case, Report
+from . import view as rd
+from .view import Case, Report
 
 # A PR comment holds at most 65,536 characters; leave room for the marker and a note.
 COMMENT_LIMIT = 60_000

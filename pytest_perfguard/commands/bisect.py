@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .gitrev import GitError, git
+from ..gitrev import GitError, git
+from ..record import CaseRecord, Outcome, Status
+from ..report.results import ResultsError, read_results
 from .pinned import child_env, pin, pytest_command
-from .record import CaseRecord, Outcome, Status
-from .results_io import ResultsError, read_results
 
 GOOD, BAD, SKIP, ABORT = 0, 1, 125, 128  # git bisect run: 125 skips, 128 and above stop the bisection
 STEP_LAUNCHER = "perfguard_bisect_step.py"
@@ -42,7 +42,7 @@ _WORDS = {GOOD: "pass", BAD: "regressed", SKIP: "skip"}
 _STEP_TEXT = '''"""One step of perfguard bisect, run by git bisect run with the pinned plugin beside this file."""
 import sys
 
-from pytest_perfguard.bisect import step_main
+from pytest_perfguard.commands.bisect import step_main
 
 sys.exit(step_main(sys.argv[1:]))
 '''

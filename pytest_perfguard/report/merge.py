@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 # The one place that names where the strict JSON reader and the atomic writer live.
-from .jsonio import load_json_text, write_text_atomic
-from .results_io import RESULTS_KIND, ResultsError, ResultsFile, parse_results
+from ..jsonio import load_json_text, write_text_atomic
+from .results import RESULTS_KIND, ResultsError, ResultsFile, parse_results
 
 MERGED_KIND = "perfguard-merged-results"
 MERGED_SCHEMA_VERSION = 1

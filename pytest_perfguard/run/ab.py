@@ -43,12 +43,12 @@ from typing import Any
 
 import pytest
 
-from .gitrev import GitError, git
-from .jsonio import JSONFileError, dumps, locked, write_text_atomic
-from .locks import LockError, owner_only_dir
-from .marker import MARK_NAME, PerfCase, Variant
-from .record import Status
-from .settings import BY_NAME, resolve
+from ..gitrev import GitError, git
+from ..jsonio import JSONFileError, dumps, locked, write_text_atomic
+from ..locks import LockError, owner_only_dir
+from ..marker import MARK_NAME, PerfCase, Variant
+from ..record import Status
+from ..settings import BY_NAME, resolve
 
 PLUGIN_PACKAGE = "pytest_perfguard"
 CACHE_DIR_ENV = "PERFGUARD_CACHE_DIR"

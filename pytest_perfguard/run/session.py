@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import baseline as bl
-from .device import fingerprint
-from .jsonio import JSONFileError
-from .policy import MACHINE_MOVED_SHARE, discord_limit, discordant, prior_spread
-from .policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
-from .policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
-from .record import CaseRecord, Outcome, Status
-from .settings import Settings, shown
-from .verdict import MACHINE_MOVED, Policy
+from ..jsonio import JSONFileError
+from ..judge import baseline as bl
+from ..judge.policy import MACHINE_MOVED_SHARE, discord_limit, discordant, prior_spread
+from ..judge.policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
+from ..judge.policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
+from ..judge.verdict import MACHINE_MOVED, Policy
+from ..measure.device import fingerprint
+from ..record import CaseRecord, Outcome, Status
+from ..settings import Settings, shown
 
 if TYPE_CHECKING:
+    from ..measure.timing import Progress
     from .ab import BaseTree
-    from .timing import Progress
 
 
 # Verdicts of a timed case that compared it with nothing.
@@ -73,7 +73,7 @@ class SessionState:
         return NOISE_FLOOR[self.kind]
 
     def policy(self) -> Policy:
-        from .confirm import in_child
+        from .cleanup import in_child
 
         return Policy(
             margin=self.settings.margin,
@@ -154,7 +154,7 @@ def entry_of(
 def device_id(state: SessionState) -> str:
     """What a process sample names its device by: the GPU's UUID, or the host's CPU model."""
     if state.kind == "cuda":
-        from .device import lock_name
+        from ..measure.device import lock_name
 
         return lock_name(state.settings.device).removeprefix("gpu-")
     return str(state.device_info.get("name") or "")
@@ -290,7 +290,7 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
 
 
 def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[CaseRecord], out: RunSummary) -> None:
-    from .report import results_document, write_results
+    from ..report.terminal import results_document, write_results
 
     s = state.settings
     summary = {
@@ -311,7 +311,7 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
         except (JSONFileError, OSError, ValueError) as exc:
             out.errors.append(f"perfguard: could not write results to {s.json}: {exc}")
     if s.html is not None:
-        from .html_report import ReportDependencyError, write_html  # plotting only when a report is asked for
+        from ..report.html import ReportDependencyError, write_html  # plotting only when a report is asked for
 
         try:
             write_html(s.html, doc)
@@ -320,7 +320,7 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
             out.errors.append(f"perfguard: could not write the HTML report {s.html}: {exc}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and s.enabled:
-        from .markdown_report import markdown_summary
+        from ..report.markdown import markdown_summary
 
         try:
             with open(step_summary, "a", encoding="utf-8") as fh:
@@ -331,7 +331,7 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
 
 def run_info(state: SessionState) -> dict[str, Any]:
     """What the run compared and at which revision: shown in reports."""
-    from .gitrev import head_sha
+    from ..gitrev import head_sha
 
     info: dict[str, Any] = {"git_sha": head_sha(state.rootdir)}
     if state.warmups:

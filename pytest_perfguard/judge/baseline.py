@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .jsonio import (
+from ..jsonio import (
     LOCK_TIMEOUT_S,
     Invalid,
     JSONFileError,

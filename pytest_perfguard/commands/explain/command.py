@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .explanation import Explanation, KernelDiff, MetricDiff, text
-from .gitrev import GitError, git
-from .jsonio import JSONFileError, dumps, load_json_text, locked, write_text_atomic
-from .pinned import child_env, pin, pytest_command
-from .record import CaseRecord, Status
-from .results_io import ResultsError, ResultsFile, parse_results
+from ...explanation import Explanation, KernelDiff, MetricDiff, text
+from ...gitrev import GitError, git
+from ...jsonio import JSONFileError, dumps, load_json_text, locked, write_text_atomic
+from ...record import CaseRecord, Status
+from ...report.results import ResultsError, ResultsFile, parse_results
+from ..pinned import child_env, pin, pytest_command
 
 
 @dataclass(frozen=True)
@@ -325,7 +325,7 @@ def profile(
             "--force-overwrite",
             *pytest_command(work / "plugin"),
             "-p",
-            "pytest_perfguard.explain_probe",
+            "pytest_perfguard.commands.explain.probe",
             "-p",
             "no:cacheprovider",
             "--perfguard-explain-out",
@@ -376,7 +376,7 @@ def _base_tree(top: Path, rev: str) -> tuple[str, Path]:
         raise ExplainError(f"--against {rev}: unknown git revision (git rev-parse {rev} finds none)") from None
     import pytest
 
-    from .ab import materialise
+    from ...run.ab import materialise
 
     try:
         return sha, materialise(top, sha)
@@ -410,7 +410,7 @@ def default_against(top: Path, results: ResultsFile | None = None) -> str:
 
 def read_results_for_update(path: Path) -> ResultsFile:
     """The results file explain will write into, checked before anything is profiled."""
-    from .merge import MERGED_KIND
+    from ...report.merge import MERGED_KIND
 
     obj, exists = load_json_text(path, ResultsError, "results")
     if not exists:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from .marker import MARK_NAME, VARIANT_ARG, PerfCase
+from ...marker import MARK_NAME, VARIANT_ARG, PerfCase
 
 WARMUP_CALLS = 3
 SEED = 0
