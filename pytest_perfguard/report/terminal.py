@@ -1,5 +1,5 @@
 """Presenting results: the terminal table and the JSON results file (the HTML report and the Markdown job
-summary are html_report.py and markdown_report.py).
+summary are html.py and markdown.py).
 
 Every figure printed comes with its interval; a row without timing says why.
 """

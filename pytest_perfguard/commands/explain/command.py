@@ -6,7 +6,7 @@ diffs the metrics that explain kernel time: duration and SM clock, registers and
 traffic), achieved occupancy, DRAM and L2 throughput and the L2 hit rate, tensor-pipe utilisation and the
 launch configuration.
 
-Only the one call of the variant is profiled (explain_probe.py, ``--profile-from-start off``). Clocks are
+Only the one call of the variant is profiled (probe.py, ``--profile-from-start off``). Clocks are
 left as the timing saw them (``--clock-control none``), so a clock drop shows in the SM clock row;
 ``--lock-clocks`` locks them to base instead, for a duration diff free of boost. Without ncu, or without
 permission to read the GPU's counters, it says what it needs and exits 2.

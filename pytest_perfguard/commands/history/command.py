@@ -1,4 +1,4 @@
-"""``perfguard history add|show|changes``: the command side of the history store (history.py).
+"""``perfguard history add|show|changes``: the command side of the history store (store.py).
 
 cli.py imports this module inside ``build_parser``, after its own formatters exist; nothing here imports
 torch, and matplotlib and Otava are imported only by the subcommands that need them.
