@@ -48,10 +48,10 @@ from ..jsonio import JSONFileError, dumps, locked, write_text_atomic
 from ..locks import LockError, owner_only_dir
 from ..marker import MARK_NAME, PerfCase, Variant
 from ..record import Status
-from ..settings import BY_NAME, resolve
+from ..settings import BY_NAME, from_env, resolve
 
 PLUGIN_PACKAGE = "pytest_perfguard"
-CACHE_DIR_ENV = "PERFGUARD_CACHE_DIR"
+CACHE_DIR_ENV = BY_NAME["cache_dir"].env
 DEFAULT_CACHE_DAYS: float = BY_NAME["cache_days"].default  # a tree unused this long is removed
 _TEMP_SUFFIX = ".tmp"
 _CHUNK = 1 << 20
@@ -59,9 +59,9 @@ _CHUNK = 1 << 20
 
 def cache_dir() -> Path:
     """Where base trees are kept: $PERFGUARD_CACHE_DIR, else the per-user cache folder."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit)
+    explicit: Path | None = from_env("cache_dir")
+    if explicit is not None:
+        return explicit
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "pytest-perfguard"
 
@@ -304,7 +304,7 @@ def _cache_root() -> Path:
     folder is owner-only; in one given by $PERFGUARD_CACHE_DIR (its mode is the user's choice: it may be
     /tmp) the `base` folder inside is, and is checked."""
     folder = cache_dir()
-    if os.environ.get(CACHE_DIR_ENV):
+    if from_env("cache_dir") is not None:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
     return owner_only_dir(folder, what="cache folder", setting=CACHE_DIR_ENV)

@@ -37,6 +37,7 @@ from ...gitrev import GitError, git
 from ...jsonio import JSONFileError, dumps, load_json_text, locked, write_text_atomic
 from ...record import CaseRecord, Status
 from ...report.results import ResultsError, ResultsFile, parse_results
+from ...settings import from_env
 from ..pinned import child_env, pin, pytest_command
 
 
@@ -393,7 +394,7 @@ def default_against(top: Path, results: ResultsFile | None = None) -> str:
         )
         if isinstance(recorded, str) and recorded:
             return recorded
-    env = os.environ.get("PERFGUARD_AGAINST")
+    env: str | None = from_env("against")
     if env:
         return env
     if git(top, "status", "--porcelain", "--untracked-files=no"):
