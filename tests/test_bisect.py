@@ -261,5 +261,5 @@ def test_step_skips_what_was_not_timed_and_ignores_cases_not_run_here() -> None:
     assert "incorrect: max error 0.5" in bs.decide("abc", [incorrect]).reason
     gpu_only = _record(Status.PASS, None, outcome=Outcome.SKIPPED, reason="needs cuda")
     step = bs.decide("abc", [gpu_only, _record(Status.REGRESSED, "regressed", 1.08)])
-    assert step.code == bs.BAD and "+8.0% [+7.0%, +9.0%]" in step.reason
+    assert step.code == bs.BAD and "+8.0% [+7.0, +9.0]" in step.reason
     assert bs.decide("abc", []).code == bs.SKIP

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..gitrev import GitError, git
 from ..record import CaseRecord, Outcome, Status
+from ..report.formats import format_change
 from ..report.results import ResultsError, read_results
 from .pinned import child_env, pin, pytest_command
 
@@ -53,16 +54,6 @@ class BisectError(Exception):
 
 
 # ------------------------------------------------------------------------------------------ one step
-
-
-def format_change(estimate: float | None, ci: Sequence[float | None] | None) -> str:
-    """A head/base time ratio as a signed percentage with its CI: +5.0% [+4.6%, +5.4%]."""
-    if estimate is None:
-        return "-"
-    text = f"{(estimate - 1) * 100:+.1f}%"
-    if ci and ci[0] is not None and ci[1] is not None:
-        text += f" [{(ci[0] - 1) * 100:+.1f}%, {(ci[1] - 1) * 100:+.1f}%]"
-    return text
 
 
 @dataclass

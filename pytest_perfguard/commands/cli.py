@@ -31,9 +31,10 @@ from ..judge.baseline import (
 from ..judge.policy import NOISE_FLOOR, case_threshold
 from ..judge.verdict import Policy, Verdict, recorded_gate
 from ..record import CaseRecord, Status, id_order
+from ..report.formats import format_mde, format_ratio, format_time
 from ..report.merge import MERGED_KIND, read_runs
 from ..report.results import RESULTS_KIND, ResultsFile, parse_results, read_results
-from ..report.terminal import delta_text, format_ratio, format_time
+from ..report.terminal import delta_text
 from ..settings import DEFAULT_MARGIN
 
 
@@ -175,8 +176,7 @@ def _ab_text(r: CaseRecord) -> str:
 def _mde_text(a: CaseRecord, b: CaseRecord) -> str:
     """The smallest slowdown B's run would have failed on (A's when B has none): a "same" that is narrower
     than the MDE says little."""
-    mde = b.mde if b.mde is not None else a.mde
-    return "-" if mde is None else f"{mde * 100:+.1f}%"
+    return format_mde(b.mde if b.mde is not None else a.mde)
 
 
 def _compare_rows(

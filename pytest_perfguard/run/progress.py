@@ -23,7 +23,7 @@ import pytest
 
 from ..measure.timing import Progress
 from ..record import CaseRecord
-from ..report.terminal import format_time, plus_minus, shape_label
+from ..report.formats import format_time, plus_minus, shape_label
 
 Clock = Callable[[], float]
 

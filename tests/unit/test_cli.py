@@ -14,8 +14,8 @@ import pytest
 from pytest_perfguard.commands.cli import change_ci, compare_threshold, judge, main
 from pytest_perfguard.judge.baseline import BaselineEntry, BaselineFile, read_baseline, write_baseline
 from pytest_perfguard.record import CaseRecord
+from pytest_perfguard.report.formats import format_ratio, format_time
 from pytest_perfguard.report.results import ResultsError, read_results
-from pytest_perfguard.report.terminal import format_ratio, format_time
 
 DEVICE: dict[str, Any] = {
     "slug": "nvidia-h100-80gb-hbm3",

@@ -38,6 +38,7 @@ def hostile() -> dict[str, Any]:
     for rec in doc["results"]:
         variant = LINK if rec["variant"] == first else rec["variant"]
         rec["id"] = f"t.py::test_x[{variant}-{IMG}{TICKS}-{rec['id'][-6:-1]}]"
+        rec["params"] = {"kind": f"{IMG}{TICKS}", **(rec.get("params") or {})}  # the shape label reads these
         rec["variant"] = variant
         rec["reasons"] = [f"{DETAILS} {MENTION} {JS_LINK}", *rec.get("reasons", [])]
         for gate in rec.get("gates") or []:

@@ -100,7 +100,7 @@ def test_mermaid_chart_has_one_line_per_variant_and_a_named_legend(doc: dict[str
     assert block is not None
     chart = block.group(1)
     assert "\nxychart-beta\n" in chart
-    assert 'x-axis ["B1-H1-S128", "B4-H8-S128", "B8-H8-S128", "B16-H8-S512"]' in chart
+    assert 'x-axis ["B1 D64 H1 S128", "B4 D64 H8 S128", "B8 D64 H8 S128", "B16 D64 H8 S512"]' in chart
     lines = re.findall(r"^  line \[(.*)\]$", chart, re.M)
     assert len(lines) == 3
     for values in lines:

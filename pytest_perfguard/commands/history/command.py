@@ -26,8 +26,8 @@ from pytest_perfguard.commands.history.store import (
     open_history,
     resolve_commit,
 )
+from pytest_perfguard.report.formats import format_ratio, format_time
 from pytest_perfguard.report.results import ResultsError
-from pytest_perfguard.report.terminal import format_ratio, format_time
 
 PLOT_SUFFIXES = (".png", ".svg")
 PLOT_MAX_CASES = 24
