@@ -84,7 +84,7 @@ check "perfguard --help" perfguard --help
 check "perfguard --version" perfguard --version
 commands=$(python -c '
 import argparse
-from pytest_perfguard.cli import build_parser
+from pytest_perfguard.commands.cli import build_parser
 sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
 print(" ".join(sub.choices))')
 for command in $commands; do

@@ -3,7 +3,7 @@
 Warm up on a side stream (graph capture requires it), capture a list of calls into one CUDA graph, and time
 each replay between two CUDA events, optionally zeroing a buffer before it (outside the timed window) to
 flush the L2. This is device time of back-to-back calls with no host dispatch. The plugin's own engine,
-``pytest_perfguard.timing``, does the same and adds the interleaving and statistics; these scripts want the
+``pytest_perfguard.measure.timing``, does the same and adds the interleaving and statistics; these scripts want the
 bare replay times.
 """
 

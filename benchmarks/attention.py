@@ -5,7 +5,7 @@ interleaved with SDPA's default backend and report median time, TFLOP/s, the pai
 backend and to SDPA's fastest backend for that shape (which is not always the default), and which backends
 those were. Ends with the geometric mean of triton_flash's ratios over the grid.
 
-Timing uses the project's engine (``pytest_perfguard.timing.measure``: CUDA-graph replays of N calls on
+Timing uses the project's engine (``pytest_perfguard.measure.timing.measure``: CUDA-graph replays of N calls on
 rotating input copies, events, L2 flushed before each replay, variant and reference in random order per
 block, paired per-block ratios) when it imports; otherwise a built-in timer of the same shape (graph of 20
 calls, >= 30 paired replays in random order, median). ``--sweep`` also times every Triton tile config of a
@@ -196,7 +196,7 @@ class Timing:
         self.engine: Any = None
         if use_engine:
             try:
-                from pytest_perfguard import timing as engine
+                from pytest_perfguard.measure import timing as engine
 
                 self.engine = engine
                 self.timer = engine.make_timer("cuda" if device.type == "cuda" else "cpu")
@@ -673,7 +673,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=20, help="calls per graph / per sample")
     p.add_argument("--replays", type=int, default=30, help="paired replays (built-in timer)")
     p.add_argument("--budget", type=float, default=2.0, help="seconds per measurement (engine)")
-    p.add_argument("--builtin-timer", action="store_true", help="do not use pytest_perfguard.timing")
+    p.add_argument("--builtin-timer", action="store_true", help="do not use pytest_perfguard.measure.timing")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the float64 correctness check")
     p.add_argument("--sweep", action="store_true", help="also time every Triton tile config in SWEEP")
     p.add_argument("--sweep-budget", type=float, default=0.6)

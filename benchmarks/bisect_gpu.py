@@ -76,7 +76,7 @@ def main() -> int:
     (out / "history.txt").write_text(log)
     print(log, flush=True)
     env = {**os.environ, "PYTHONPATH": str(repo), "PERFGUARD_CACHE_DIR": str(work / "cache")}
-    cmd = [sys.executable, "-m", "pytest_perfguard.cli", "bisect", good, "HEAD", "-k", args.k]
+    cmd = [sys.executable, "-m", "pytest_perfguard.commands.cli", "bisect", good, "HEAD", "-k", args.k]
     cmd += ["--work-dir", str(out / "work"), "tests/perf"]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
@@ -93,7 +93,16 @@ def main() -> int:
     )
     if args.explain and found:
         git(repo, "checkout", "-q", "--detach", found)
-        cmd = [sys.executable, "-m", "pytest_perfguard.cli", "explain", "-k", args.k, "--against", f"{found}~1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest_perfguard.commands.cli",
+            "explain",
+            "-k",
+            args.k,
+            "--against",
+            f"{found}~1",
+        ]
         proc = subprocess.run([*cmd, "tests/perf"], cwd=repo, env=env, capture_output=True, text=True)
         (out / "explain.log").write_text(proc.stdout + proc.stderr)
         print(proc.stdout + proc.stderr)

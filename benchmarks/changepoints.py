@@ -1,7 +1,7 @@
 """False and missed change points per 1,000 synthetic histories built from recorded H200 noise.
 
 A simulation on a CPU. Each series is one case's history on main: one estimate per run (commit), searched
-by `perfguard history changes` (pytest_perfguard.history.find_changes, Otava's E-Divisive).
+by `perfguard history changes` (pytest_perfguard.commands.history.store.find_changes, Otava's E-Divisive).
 
 Noise model, from `tests/data/h200_attention_timing_samples.json.xz` (12 series: 4 shapes x 3 kernels):
   * a block is the median of a resample of one recorded block's launches (the first launch of every
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_perfguard.history import change_indices
+from pytest_perfguard.commands.history.store import change_indices
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json.xz"
 CLASSES = {"device": "sdpa_l2flush", "multi-kernel": "naive", "launch-bound": "sdpa"}

@@ -5,7 +5,7 @@ calls, the L2 flushed before each replay, median of 40 replays. In each fresh pr
 allocate new inputs (after a pad of random size, keeping earlier ones alive, so every trial has its own
 placement) and capture a new graph. Prints one row per process: its trials in ns.
 
-This is the measurement behind the guard's fresh-process confirmation (pytest_perfguard/confirm.py):
+This is the measurement behind the guard's fresh-process confirmation (pytest_perfguard/run/confirm.py):
 if a process-bound state moves a kernel's time, only a new process can tell it from a code change.
 
 Usage: python benchmarks/placement_probe.py [--processes 12]   (needs a CUDA GPU and triton)

@@ -67,12 +67,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_perfguard import baseline as bl
-from pytest_perfguard.baseline import NOISE_K
-from pytest_perfguard.record import CaseRecord
-from pytest_perfguard.session import NOISE_FLOOR, RATIO_NOISE_FLOOR, entry_of
-from pytest_perfguard.settings import Settings
-from pytest_perfguard.timing import (
+from pytest_perfguard.judge import baseline as bl
+from pytest_perfguard.judge.baseline import NOISE_K
+from pytest_perfguard.judge.verdict import FASTER, INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
+from pytest_perfguard.measure.timing import (
     Call,
     CpuTimer,
     MeasureConfig,
@@ -82,7 +80,9 @@ from pytest_perfguard.timing import (
     measure,
     pooled,
 )
-from pytest_perfguard.verdict import FASTER, INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
+from pytest_perfguard.record import CaseRecord
+from pytest_perfguard.run.session import NOISE_FLOOR, RATIO_NOISE_FLOOR, entry_of
+from pytest_perfguard.settings import Settings
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json.xz"
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .marker import Variant
     from .marker import perf_case_checked as perf_case
-    from .timing import CpuTimer, MeasureConfig, measure
+    from .measure.timing import CpuTimer, MeasureConfig, measure
 
 __all__ = ["CpuTimer", "MeasureConfig", "Variant", "measure", "perf_case"]
 __version__ = "0.1.0"
@@ -20,9 +20,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "Variant": ("marker", "Variant"),
     "perf_case": ("marker", "perf_case_checked"),
-    "CpuTimer": ("timing", "CpuTimer"),
-    "MeasureConfig": ("timing", "MeasureConfig"),
-    "measure": ("timing", "measure"),
+    "CpuTimer": ("measure.timing", "CpuTimer"),
+    "MeasureConfig": ("measure.timing", "MeasureConfig"),
+    "measure": ("measure.timing", "measure"),
 }
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .locks import LockError, LockTimeout, file_lock, lock_dir
+from .locks import LOCK_DIR_ENV, LockError, LockTimeout, file_lock, lock_dir
 
 LOCK_TIMEOUT_S = 60.0
 _CONFLICT_PREFIXES = ("<<<<<<<", "=======", ">>>>>>>", "|||||||")
@@ -265,7 +265,7 @@ def locked(path: Path, timeout: float = LOCK_TIMEOUT_S, error: type[JSONFileErro
     except LockError as exc:
         raise error(f"{path}: {exc.strerror}") from None
     except OSError as exc:
-        raise error(f"{path}: cannot create the lock folder ({exc.strerror or exc}); set PERFGUARD_LOCK_DIR") from None
+        raise error(f"{path}: cannot create the lock folder ({exc.strerror or exc}); set {LOCK_DIR_ENV}") from None
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(file_lock(where, timeout=timeout))

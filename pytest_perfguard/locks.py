@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-LOCK_DIR_ENV = "PERFGUARD_LOCK_DIR"
+from .settings import BY_NAME, from_env
+
+LOCK_DIR_ENV = BY_NAME["lock_dir"].env
 
 
 class LockError(OSError):
@@ -59,7 +61,7 @@ def owner_only_dir(folder: Path, *, what: str, setting: str) -> Path:
 
 def lock_dir() -> Path:
     """The per-user, owner-only folder of every lock file ($PERFGUARD_LOCK_DIR, else the temp dir)."""
-    base = Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
+    base: Path = from_env("lock_dir") or Path(tempfile.gettempdir())
     return owner_only_dir(base / f"pytest-perfguard-{uid()}", what="lock folder", setting=LOCK_DIR_ENV)
 
 

@@ -20,14 +20,13 @@ from typing import Any
 import pytest
 import torch
 
-from .timing import Clock
-
 VARIANT_ARG = "perfguard_variant"
 RUNNER_ARG = "perfguard_runner"
 MARK_NAME = "perfguard_case"
 
 Requirement = str | Callable[[], str | None]
 ToleranceTable = Mapping[torch.dtype, Mapping[str, float]]
+Clock = Callable[[], int]  # nanoseconds, as measure.timing.Clock: declared here, the API imports no timer
 
 _REQUIREMENT_HELP = (
     "'cuda', 'triton', 'nvcc', 'sm<major><minor>' (e.g. 'sm80'), or a callable returning a skip reason or None"

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from . import baseline as bl
 from . import settings as st
-from . import xdist_support as xd
+from .judge import baseline as bl
 from .marker import MARK_NAME, VARIANT_ARG, PerfCase
-from .runner import Runner
-from .session import (
+from .run import xdist as xd
+from .run.runner import Runner
+from .run.session import (
     MERGED,
     STATE,
     SUMMARY,
@@ -83,7 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except bl.BaselineError as exc:
             raise pytest.UsageError(f"perfguard: {exc}") from None
     if settings.against:
-        from .ab import open_base, use_stored_offset
+        from .run.ab import open_base, use_stored_offset
 
         state.base = open_base(config, settings.against)
         # The per-process offset fitted on this device model from the baseline file's A/A readings, unless set.
@@ -93,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[MERGED] = Merged()
     state.on_timeout = lambda message, item: _flush_on_timeout(config, message, item)
     if settings.update and settings.update_processes > 1 and not is_worker(config):
-        from .confirm import run_fresh_cases
+        from .run.confirm import run_fresh_cases
 
         per_case = settings.case_timeout
 
@@ -103,7 +103,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         state.fresh_cases = fresh_cases
     if settings.enabled:
-        from .confirm import Batch
+        from .run.confirm import Batch
 
         Batch.install(config, state)  # regressions past the single confirmations: confirmed together
     xd.controller_setup(config)
@@ -111,8 +111,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _sweep_leftovers(settings: st.Settings) -> None:
     """What killed sessions left: confirmation temp folders, temp files of interrupted atomic writes."""
-    from .cleanup import sweep_atomic_temps, sweep_confirm_dirs
-    from .confirm import in_child
+    from .run.cleanup import in_child, sweep_atomic_temps, sweep_confirm_dirs
 
     if in_child():
         return  # its parent session is alive, and sweeps for itself
@@ -125,7 +124,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """The progress display: here, because pytest's terminal reporter does not exist yet at our configure."""
     config, state = session.config, state_of(session.config)
     if state.settings.enabled:
-        from . import progress
+        from .run import progress
 
         distributed = getattr(config.option, "dist", "no") != "no"
         line = progress.setup(config, lambda: state.records, worker=is_worker(config), distributed=distributed)
@@ -138,7 +137,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     state = state_of(session.config)
     if not state.settings.enabled or not session.items:
         return
-    from .integrity import warm_up
+    from .measure.integrity import warm_up
 
     costs = warm_up(state.settings.device, profiler=any(_declares_kernels(item) for item in session.items))
     if costs:
@@ -180,7 +179,7 @@ def _flush_on_timeout(config: pytest.Config, message: str, item: pytest.Item) ->
         capman.suspend_global_capture(in_=True)
     sys.stderr.write(f"\nperfguard: {message}\n")
     sys.stderr.flush()
-    from .confirm import abandon_batch
+    from .run.confirm import abandon_batch
 
     abandon_batch(config, "the session ended on a timeout before the batch confirmation")  # records kept
     if is_worker(config):
@@ -203,7 +202,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    from .confirm import judged_alone
+    from .run.confirm import judged_alone
 
     perf = [i for i in items if i.get_closest_marker(MARK_NAME) is not None]
     # A batch's fresh process judges each case as a single confirmation does: a family of one.
@@ -289,7 +288,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     records = config.stash[MERGED].final
     if not (state.settings.enabled or summary.errors):
         return
-    from .report import terminal_lines
+    from .report.terminal import terminal_lines
 
     info = state.device_info
     terminalreporter.write_sep(

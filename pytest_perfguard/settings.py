@@ -3,7 +3,14 @@
 From the table come the command-line options, the `PERFGUARD_*` environment variables, the
 `perfguard_*` ini keys, the hand-off to a fresh confirmation process and the README's options table (a
 test fails when the README disagrees). One precedence rule: command line > environment > ini > default,
-and a bad value names where it came from.
+and a bad value names where it came from. An empty value is no value: an environment variable or ini key
+set to "" counts as unset.
+
+Two settings are environment-only (`env_only`): where this machine keeps the plugin's lock files and the A/B
+cache. Code that has no pytest config reads them (every JSON write takes a lock, the `perfguard` command
+extracts base trees), through `from_env`, by the same rule. Two more variables are not settings but the
+hand-off to a fresh confirmation process, set by the plugin itself: PERFGUARD_CONFIRMING (run/cleanup.py)
+and PERFGUARD_SESSION_PIDS (measure/device.py).
 
 Relative paths: a path given on the command line or in the environment is relative to the directory pytest
 was started in (as pytest's own `--junitxml` and file arguments are); one set in the ini file is relative
@@ -78,7 +85,8 @@ def _device(value: str) -> None:
 @dataclass(frozen=True)
 class Spec:
     """One setting. `kind` is bool, int, float, path or str; `cli_only` settings have no env variable or ini key
-    (they say what to do in this run, not how the project is configured)."""
+    (they say what to do in this run, not how the project is configured); `env_only` settings have no option
+    or ini key (they say where this machine keeps files, for every process that needs them: `from_env`)."""
 
     name: str
     kind: str
@@ -86,6 +94,7 @@ class Spec:
     help: str
     check: Callable[[Any], None] | None = None
     cli_only: bool = False
+    env_only: bool = False
     flag: str = ""  # the command-line option, when it is not --perfguard-<name>
 
     @property
@@ -194,6 +203,21 @@ SPECS: tuple[Spec, ...] = (
         "days a base revision's tree stays in the A/B cache ($PERFGUARD_CACHE_DIR) unused before it is "
         "removed; 0 = never",
     ),
+    Spec(
+        "cache_dir",
+        "path",
+        None,
+        "folder of the A/B cache of base revisions' trees (default: pytest-perfguard in $XDG_CACHE_HOME, "
+        "else in ~/.cache)",
+        env_only=True,
+    ),
+    Spec(
+        "lock_dir",
+        "path",
+        None,
+        "folder that holds this user's folder of lock files (default: the temp folder)",
+        env_only=True,
+    ),
     Spec("baseline_dir", "path", ".ci/baselines", "folder of the per-device baseline JSON files"),
     Spec(
         "margin",
@@ -259,43 +283,44 @@ SPECS: tuple[Spec, ...] = (
 BY_NAME: Mapping[str, Spec] = {s.name: s for s in SPECS}
 
 
+def _default(name: str) -> Any:
+    """A setting's default, as the table gives it: written once."""
+    return BY_NAME[name].default
+
+
 @dataclass
 class Settings:
     """The resolved settings of one run (`device` is the concrete device, never "auto")."""
 
-    enabled: bool = False
-    update: bool = False
-    update_processes: int = 3
-    prune: bool = False
-    seed: int | None = None
-    against: str | None = None
-    ab_margin: float = DEFAULT_AB_MARGIN
-    ab_small_margin: float = DEFAULT_AB_SMALL_MARGIN
-    ab_process_sd: float = AB_PROCESS_SD
-    ab_small_process_sd: float = AB_SMALL_PROCESS_SD
-    ab_offset_fit: bool = True
-    cache_days: float = 30.0
-    baseline_dir: Path = Path(".ci/baselines")
-    margin: float = DEFAULT_MARGIN
-    ci_target: float = 0.01
-    case_budget: float = 5.0
-    total_budget: float = 0.0
-    case_timeout: float = 900.0
-    confirm: bool = True
-    confirm_max: int = 10
-    cpu_watch: bool = True
-    json: Path | None = None
-    html: Path | None = None
-    strict: bool = False
-    allow_missing: bool = False
-    require_gpu: bool = False
-    device: str = "cpu"
+    enabled: bool = _default("enabled")
+    update: bool = _default("update")
+    update_processes: int = _default("update_processes")
+    prune: bool = _default("prune")
+    seed: int | None = _default("seed")
+    against: str | None = _default("against")
+    ab_margin: float = _default("ab_margin")
+    ab_small_margin: float = _default("ab_small_margin")
+    ab_process_sd: float = _default("ab_process_sd")
+    ab_small_process_sd: float = _default("ab_small_process_sd")
+    ab_offset_fit: bool = _default("ab_offset_fit")
+    cache_days: float = _default("cache_days")
+    baseline_dir: Path = Path(_default("baseline_dir"))
+    margin: float = _default("margin")
+    ci_target: float = _default("ci_target")
+    case_budget: float = _default("case_budget")
+    total_budget: float = _default("total_budget")
+    case_timeout: float = _default("case_timeout")
+    confirm: bool = _default("confirm")
+    confirm_max: int = _default("confirm_max")
+    cpu_watch: bool = _default("cpu_watch")
+    json: Path | None = _default("json")  # noqa: RUF009 (None: nothing shared to mutate)
+    html: Path | None = _default("html")  # noqa: RUF009
+    strict: bool = _default("strict")
+    allow_missing: bool = _default("allow_missing")
+    require_gpu: bool = _default("require_gpu")
+    device: str = "cpu"  # resolved: the table's "auto" becomes cpu or cuda:N
     alpha: float = 0.05
     explicit: frozenset[str] = frozenset()  # the settings given on the command line, env or ini
-
-    @property
-    def json_path(self) -> Path | None:
-        return self.json
 
     def ab_margin_for(self, time_ns: float) -> float:
         """The A/B gate's margin for a case of this time: the small-case one under AB_SMALL_NS."""
@@ -316,7 +341,7 @@ class Settings:
         for spec in SPECS:
             if spec.cli_only:
                 continue
-            value = getattr(self, spec.name)
+            value = from_env(spec.name) if spec.env_only else getattr(self, spec.name)
             if value is None:
                 continue
             if spec.kind == "bool":
@@ -372,6 +397,8 @@ def convert(raw: Any, spec: Spec) -> Any:
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("perfguard", "correctness and performance guard for kernels")
     for spec in SPECS:
+        if spec.env_only:
+            continue
         where = "" if spec.cli_only else f" (env {spec.env}, ini {spec.ini})"
         # argparse %-formats every help string: a bare "95% CI" broke `pytest --help`, so escape them all here.
         help_text = spec.help.replace("%", "%%")
@@ -407,7 +434,7 @@ def _source(config: pytest.Config, spec: Spec) -> tuple[Any, str, Path | None]:
         return cli, spec.option, invoked
     if spec.cli_only:
         return None, "default", config.rootpath
-    if spec.env in os.environ:
+    if os.environ.get(spec.env, "") != "":  # an empty value is no value, as in the ini file
         return os.environ[spec.env], f"environment variable {spec.env}", invoked
     raw = config.getini(spec.ini)
     if raw not in (None, "") and raw != spec.default:
@@ -435,10 +462,25 @@ def resolve(config: pytest.Config, spec: Spec) -> Any:
     return value
 
 
+def from_env(name: str) -> Any:
+    """A setting from the environment alone, for code that runs without a pytest config: unset or empty
+    means the default; a relative path is relative to the working directory, made absolute."""
+    spec = BY_NAME[name]
+    raw = os.environ.get(spec.env, "")
+    if raw == "":
+        return Path(spec.default) if spec.kind == "path" and spec.default is not None else spec.default
+    try:
+        value = convert(raw, spec)
+    except ValueError as exc:
+        raise ValueError(f"Invalid value {raw!r} from environment variable {spec.env} ({spec.help}): {exc}") from None
+    return Path.cwd() / value if isinstance(value, Path) and not value.is_absolute() else value
+
+
 def from_config(config: pytest.Config) -> Settings:
     """All settings of this run, except the concrete device (the plugin picks it)."""
-    values = {spec.name: resolve(config, spec) for spec in SPECS}
-    explicit = frozenset(spec.name for spec in SPECS if _source(config, spec)[1] != "default")
+    specs = [spec for spec in SPECS if not spec.env_only]
+    values = {spec.name: resolve(config, spec) for spec in specs}
+    explicit = frozenset(spec.name for spec in specs if _source(config, spec)[1] != "default")
     values["enabled"] = bool(values["enabled"]) or bool(values["update"]) or bool(values["against"])
     if values["prune"] and not values["update"]:
         raise pytest.UsageError(
@@ -477,7 +519,7 @@ def rootdir_mistake(config: pytest.Config) -> str | None:
     if inside:
         return None
     for spec in SPECS:
-        if spec.kind != "path" or spec.option not in args[:-1]:
+        if spec.kind != "path" or spec.env_only or spec.option not in args[:-1]:
             continue
         value = args[args.index(spec.option) + 1]
         path = (invoked / value).resolve()
@@ -497,13 +539,16 @@ def options_table() -> str:
     for spec in SPECS:
         if spec.name in ("enabled", "update"):
             continue
-        where = "-" if spec.cli_only else f"`{spec.env}` / `{spec.ini}`"
+        where = "-" if spec.cli_only else f"`{spec.env}`" if spec.env_only else f"`{spec.env}` / `{spec.ini}`"
         if spec.kind == "bool":
             default = "on" if spec.default else "off"
+        elif spec.default is None:
+            default = "-" if spec.env_only else "none"  # an env-only folder's help says where it is by default
         else:
-            default = "none" if spec.default is None else f"`{spec.default}`"
+            default = f"`{spec.default}`"
         help_text = ("do not " + spec.help) if spec.kind == "bool" and spec.default is True else spec.help
-        rows.append(f"| `{spec.option}` | {where} | {default} | {help_text} |")
+        option = "- (environment only)" if spec.env_only else f"`{spec.option}`"
+        rows.append(f"| {option} | {where} | {default} | {help_text} |")
     return "\n".join(rows)
 
 

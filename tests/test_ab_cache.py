@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_perfguard import ab, locks
+from pytest_perfguard import locks
+from pytest_perfguard.run import ab
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_perfguard.baseline import read_baseline
+from pytest_perfguard.judge.baseline import read_baseline
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # updates start fresh processes, and -n 2 starts workers

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from test_ab import CONFTEST, FAKECLOCK
 
-from pytest_perfguard import bisect as bs
-from pytest_perfguard.cli import main
+from pytest_perfguard.commands import bisect as bs
+from pytest_perfguard.commands.cli import main
 from pytest_perfguard.record import CaseRecord, Outcome, Status
 
 TEST = """
@@ -196,7 +196,7 @@ def test_ctrl_c_still_resets_the_bisection(
 
 
 def test_unknown_arguments_go_to_pytest_only_for_bisect_and_explain() -> None:
-    from pytest_perfguard.cli import build_parser
+    from pytest_perfguard.commands.cli import build_parser
 
     args, unknown = build_parser().parse_known_args(["bisect", "A", "B", "-k", "x", "-p", "no:xdist", "tests"])
     assert (args.good, args.bad, args.k, unknown) == ("A", "B", "x", ["-p", "no:xdist", "tests"])
@@ -261,5 +261,5 @@ def test_step_skips_what_was_not_timed_and_ignores_cases_not_run_here() -> None:
     assert "incorrect: max error 0.5" in bs.decide("abc", [incorrect]).reason
     gpu_only = _record(Status.PASS, None, outcome=Outcome.SKIPPED, reason="needs cuda")
     step = bs.decide("abc", [gpu_only, _record(Status.REGRESSED, "regressed", 1.08)])
-    assert step.code == bs.BAD and "+8.0% [+7.0%, +9.0%]" in step.reason
+    assert step.code == bs.BAD and "+8.0% [+7.0, +9.0]" in step.reason
     assert bs.decide("abc", []).code == bs.SKIP

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow  # every test runs the plugin end to end
 LOADED_HOST = '''
 import os
 
-from pytest_perfguard import cpuwatch, runner
+from pytest_perfguard.measure import cpuwatch
+from pytest_perfguard.run import runner
 
 
 class LoadedHost(cpuwatch.CpuWatch):

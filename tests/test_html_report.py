@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_perfguard.report_data import build
+from pytest_perfguard.report.view import build
 
 DATA = Path(__file__).resolve().parent / "data" / "h200_planted_results.json"
 BROWSER = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -66,7 +66,7 @@ def _console(stderr: str) -> list[str]:
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     browser = _browser()
     pytest.importorskip("plotly", reason="the HTML report needs pytest-perfguard[report]")
-    from pytest_perfguard.html_report import OPEN_FIGURES, write_html
+    from pytest_perfguard.report.html import OPEN_FIGURES, write_html
 
     doc = json.loads(DATA.read_text())
     page = tmp_path / "report.html"

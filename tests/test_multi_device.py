@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_perfguard import xdist_support as xd
-from pytest_perfguard.device import timing_gpus
+from pytest_perfguard.measure.device import timing_gpus
+from pytest_perfguard.run import xdist as xd
 from tests.test_plugin import CONFTEST, MODES, _case, run
 
 pytest_plugins = ["pytester"]
@@ -159,7 +159,7 @@ def test_n_auto_under_perfguard_starts_as_many_workers_as_timing_gpus(flagged: p
     conftest = flagged.path / "conftest.py"
     conftest.write_text(
         conftest.read_text()
-        + "\nimport pytest_perfguard.xdist_support as xd\nxd.gpu_names = lambda: ['H100', 'L4', 'H100']\n"
+        + "\nimport pytest_perfguard.run.xdist as xd\nxd.gpu_names = lambda: ['H100', 'L4', 'H100']\n"
     )
     result = run(flagged, ["-n", "auto"], "--perfguard", "-k", "fast")
     result.assert_outcomes(passed=2)
@@ -170,7 +170,7 @@ def test_the_device_lock_is_named_after_the_gpus_uuid(monkeypatch: pytest.Monkey
     """Two processes that number one GPU differently (CUDA_VISIBLE_DEVICES) take one lock for it."""
     import torch
 
-    from pytest_perfguard import device
+    from pytest_perfguard.measure import device
 
     class Props:
         uuid = "58d5c8a0-1b2c-4d5e-8f90-a1b2c3d4e5f6"

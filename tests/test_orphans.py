@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_perfguard import cleanup
+from pytest_perfguard.run import cleanup
 
 pytest_plugins = ["pytester"]
 
 OUTER = """
 import os, time
-from pytest_perfguard.confirm import run_fresh
+from pytest_perfguard.run.confirm import run_fresh
 from pytest_perfguard.settings import Settings
 
 def test_outer(request):

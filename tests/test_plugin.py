@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_perfguard.baseline import SCHEMA_VERSION
+from pytest_perfguard.judge.baseline import SCHEMA_VERSION
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from pytest_perfguard.cli import main
+from pytest_perfguard.commands.cli import main
 
 pytest_plugins = ["pytester"]
 
@@ -84,7 +84,7 @@ def test_a_planted_regression_leads_the_html_and_markdown(
     assert len(rows) == 2 and all("lean" in row for row in rows)
     assert "`pytest 'test_suite.py::test_double[lean-64]' --perfguard`" in text
     chart = re.search(r"```mermaid\n(.*?)```", text, re.S)
-    assert chart is not None and 'x-axis ["64", "256"]' in chart.group(1)
+    assert chart is not None and 'x-axis ["n64", "n256"]' in chart.group(1)  # the shape label, as in the table
     assert len(re.findall(r"^  line \[", chart.group(1), re.M)) == 2
 
     if has_plotly:

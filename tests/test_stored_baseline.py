@@ -14,7 +14,7 @@ import json
 import pytest
 from test_plugin import CONFTEST, _case, baseline_json, run
 
-from pytest_perfguard.baseline import SCHEMA_VERSION
+from pytest_perfguard.judge.baseline import SCHEMA_VERSION
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end, in several processes

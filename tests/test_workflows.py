@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from act_artifacts import write_standins
 
-from pytest_perfguard.history import open_history
+from pytest_perfguard.commands.history.store import open_history
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"

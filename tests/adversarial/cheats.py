@@ -162,7 +162,7 @@ def patch_clock() -> Kernel:
 
 def patch_engine() -> Kernel:
     def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        from pytest_perfguard import timing
+        from pytest_perfguard.measure import timing
 
         sample = timing._CpuSample
         if not getattr(sample, "patched", False):

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from benchmarks.ab_campaign import process_offset
-from pytest_perfguard.ab import aa_base, use_stored_offset
-from pytest_perfguard.baseline import (
+from pytest_perfguard.commands.cli import main
+from pytest_perfguard.judge.baseline import (
     SCHEMA_VERSION,
     BaselineEntry,
     BaselineError,
@@ -29,12 +29,12 @@ from pytest_perfguard.baseline import (
     update_baseline,
     write_baseline,
 )
-from pytest_perfguard.cli import main
-from pytest_perfguard.policy import AB_OFFSET_MIN_READINGS, fit_process_offset
+from pytest_perfguard.judge.policy import AB_OFFSET_MIN_READINGS, fit_process_offset
+from pytest_perfguard.judge.stats import chi2_quantile
 from pytest_perfguard.record import CaseRecord
-from pytest_perfguard.session import aa_reading
+from pytest_perfguard.run.ab import aa_base, use_stored_offset
+from pytest_perfguard.run.session import aa_reading
 from pytest_perfguard.settings import AB_PROCESS_SD, AB_SMALL_NS, AB_SMALL_PROCESS_SD, BY_NAME, Settings, convert
-from pytest_perfguard.stats import chi2_quantile
 from tests.unit.recorded_aa import records
 
 DEVICE: dict[str, Any] = {"slug": "nvidia-h100-80gb-hbm3", "name": "NVIDIA H100 80GB HBM3"}

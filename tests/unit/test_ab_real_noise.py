@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from pytest_perfguard.judge.verdict import Policy, ab_gate
 from pytest_perfguard.settings import AB_SMALL_NS, Settings
-from pytest_perfguard.verdict import Policy, ab_gate
 from tests.unit.recorded_aa import records
 
 

@@ -19,8 +19,9 @@ from filelock import FileLock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_perfguard import baseline as bl
-from pytest_perfguard.baseline import (
+from pytest_perfguard.jsonio import lock_file
+from pytest_perfguard.judge import baseline as bl
+from pytest_perfguard.judge.baseline import (
     MIGRATIONS,
     SCHEMA_VERSION,
     BaselineEntry,
@@ -36,8 +37,7 @@ from pytest_perfguard.baseline import (
     update_baseline,
     write_baseline,
 )
-from pytest_perfguard.jsonio import lock_file
-from pytest_perfguard.policy import MAX_SAMPLES
+from pytest_perfguard.judge.policy import MAX_SAMPLES
 
 DEVICE: dict[str, Any] = {
     "slug": "nvidia-h100-80gb-hbm3",

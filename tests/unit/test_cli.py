@@ -11,11 +11,17 @@ from typing import Any
 
 import pytest
 
-from pytest_perfguard.baseline import SCHEMA_VERSION, BaselineEntry, BaselineFile, read_baseline, write_baseline
-from pytest_perfguard.cli import change_ci, compare_threshold, judge, main
+from pytest_perfguard.commands.cli import change_ci, compare_threshold, judge, main
+from pytest_perfguard.judge.baseline import (
+    SCHEMA_VERSION,
+    BaselineEntry,
+    BaselineFile,
+    read_baseline,
+    write_baseline,
+)
 from pytest_perfguard.record import CaseRecord
-from pytest_perfguard.report import format_ratio, format_time
-from pytest_perfguard.results_io import ResultsError, read_results
+from pytest_perfguard.report.formats import format_ratio, format_time
+from pytest_perfguard.report.results import ResultsError, read_results
 
 DEVICE: dict[str, Any] = {
     "slug": "nvidia-h100-80gb-hbm3",
@@ -456,7 +462,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_version_and_help_say_what_the_command_does(capsys: pytest.CaptureFixture[str]) -> None:
     from pytest_perfguard import __version__
-    from pytest_perfguard.cli import build_parser
+    from pytest_perfguard.commands.cli import build_parser
 
     with pytest.raises(SystemExit) as info:
         main(["--version"])
@@ -475,7 +481,7 @@ def test_version_and_help_say_what_the_command_does(capsys: pytest.CaptureFixtur
 
 
 def test_compare_defaults_to_the_plugins_margin() -> None:
-    from pytest_perfguard.cli import build_parser
+    from pytest_perfguard.commands.cli import build_parser
     from pytest_perfguard.settings import BY_NAME
 
     args = build_parser().parse_args(["compare", "a.json", "b.json"])

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_perfguard import policy
-from pytest_perfguard.baseline import BaselineEntry, BaselineFile, ProcessSample
-from pytest_perfguard.confirm import Confirmation, settle
+from pytest_perfguard.judge import policy
+from pytest_perfguard.judge.baseline import BaselineEntry, BaselineFile, ProcessSample
+from pytest_perfguard.judge.verdict import Gate, Verdict
 from pytest_perfguard.record import CaseRecord, Outcome, Status
-from pytest_perfguard.session import SessionState, make_state
+from pytest_perfguard.run.confirm import Confirmation, settle
+from pytest_perfguard.run.session import SessionState, make_state
 from pytest_perfguard.settings import Settings
-from pytest_perfguard.verdict import Gate, Verdict
 
 CASE = "test_k.py::test_attn[fast-8]"
 

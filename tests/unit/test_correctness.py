@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pytest_perfguard.correctness import CorrectnessFailure, judge_output, modified_input, oracle_of
+from pytest_perfguard.measure.correctness import CorrectnessFailure, judge_output, modified_input, oracle_of
 
 
 def rowsum(x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,7 @@ def test_a_finite_reference_judges_errors_and_unwritten_elements() -> None:
 def test_a_non_finite_reference_must_be_matched_exactly_and_the_rest_judged(
     monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
-    monkeypatch.setattr("pytest_perfguard.correctness.JUDGE_CHUNK", chunk)
+    monkeypatch.setattr("pytest_perfguard.measure.correctness.JUDGE_CHUNK", chunk)
     x = torch.rand(4, 8) + 0.5
     x[0] = 0.0  # row 0 is NaN in the reference
     good = rowsum(x)
@@ -58,7 +58,7 @@ def test_a_non_finite_reference_must_be_matched_exactly_and_the_rest_judged(
 @pytest.mark.parametrize("chunk", [1 << 22, 7, 1])
 def test_slices_judge_as_the_whole(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
     """The output is judged slice by slice; where a slice ends changes no figure and no message."""
-    monkeypatch.setattr("pytest_perfguard.correctness.JUDGE_CHUNK", chunk)
+    monkeypatch.setattr("pytest_perfguard.measure.correctness.JUDGE_CHUNK", chunk)
     x = torch.rand(4, 8, dtype=torch.float64) + 0.5
     good = rowsum(x)
     out = good + 1e-12 * torch.arange(32, dtype=torch.float64).reshape(4, 8)

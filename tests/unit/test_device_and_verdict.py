@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_perfguard import verdict as vd
-from pytest_perfguard.baseline import BaselineEntry
-from pytest_perfguard.device import SESSION_PIDS_ENV, Disturbances, incomparable, manual_seed
-from pytest_perfguard.stats import Interval
+from pytest_perfguard.judge import verdict as vd
+from pytest_perfguard.judge.baseline import BaselineEntry
+from pytest_perfguard.judge.stats import Interval
+from pytest_perfguard.measure.device import SESSION_PIDS_ENV, Disturbances, incomparable, manual_seed
 
 
 @dataclass
@@ -128,7 +128,7 @@ def _blocks(center: float, n: int = 20, seed: int = 1) -> list[float]:
 
 
 def test_nvml_watches_the_gpu_cuda_measures_on_not_the_one_with_its_index() -> None:
-    from pytest_perfguard.device import nvml_handle
+    from pytest_perfguard.measure.device import nvml_handle
 
     nv = FakeNvml()
     # A worker pinned to the second GPU (CUDA_VISIBLE_DEVICES=1) sees it as cuda:0; NVML's index 0 is the first.
@@ -192,7 +192,7 @@ def test_update_moves_and_gates_share_one_threshold() -> None:
     policy.sample_threshold, for every spread around the floor and the margin, and for one process too."""
     from dataclasses import replace
 
-    from pytest_perfguard import baseline as bl
+    from pytest_perfguard.judge import baseline as bl
 
     policy = vd.Policy(margin=0.05, noise_floor=0.005)
     for noise in (0.0, 0.001, 0.005, 0.0125, 0.02, 0.1):

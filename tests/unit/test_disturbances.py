@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_perfguard import cpuwatch as cw
-from pytest_perfguard import verdict as vd
-from pytest_perfguard.baseline import BaselineEntry
-from pytest_perfguard.device import CLOCK_FLOOR, Disturbances, steady_clock
+from pytest_perfguard.judge import verdict as vd
+from pytest_perfguard.judge.baseline import BaselineEntry
+from pytest_perfguard.measure import cpuwatch as cw
+from pytest_perfguard.measure.device import CLOCK_FLOOR, Disturbances, steady_clock
+from pytest_perfguard.measure.timing import CpuTimer, MeasureConfig, measure
 from pytest_perfguard.record import Status
-from pytest_perfguard.timing import CpuTimer, MeasureConfig, measure
 
 # --------------------------------------------------------------------------------------------- CPU rule
 

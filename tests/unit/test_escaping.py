@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_perfguard.markdown_report import markdown_summary
+from pytest_perfguard.report.markdown import markdown_summary
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200_planted_results.json"
 
@@ -38,6 +38,7 @@ def hostile() -> dict[str, Any]:
     for rec in doc["results"]:
         variant = LINK if rec["variant"] == first else rec["variant"]
         rec["id"] = f"t.py::test_x[{variant}-{IMG}{TICKS}-{rec['id'][-6:-1]}]"
+        rec["params"] = {"kind": f"{IMG}{TICKS}", **(rec.get("params") or {})}  # the shape label reads these
         rec["variant"] = variant
         rec["reasons"] = [f"{DETAILS} {MENTION} {JS_LINK}", *rec.get("reasons", [])]
         for gate in rec.get("gates") or []:
@@ -59,7 +60,7 @@ def _strings(obj: Any) -> Iterator[str]:
 
 def test_plotly_labels_are_escaped(hostile: dict[str, Any]) -> None:
     pytest.importorskip("plotly")
-    from pytest_perfguard.html_report import render_html
+    from pytest_perfguard.report.html import render_html
 
     page = render_html(hostile)
     specs = [json.loads(s) for s in re.findall(r'<script type="application/json" id="spec-\d+">(.*?)</script>', page)]

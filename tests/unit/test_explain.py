@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from pytest_perfguard import explain as ex
-from pytest_perfguard.cli import main
+from pytest_perfguard.commands.cli import main
+from pytest_perfguard.commands.explain import command as ex
 from pytest_perfguard.explanation import DURATION, Explanation, KernelDiff, MetricDiff
 from pytest_perfguard.jsonio import dumps
 from pytest_perfguard.record import CaseRecord, Outcome, Status
-from pytest_perfguard.report import results_document, write_results
-from pytest_perfguard.results_io import ResultsError, read_results
+from pytest_perfguard.report.results import ResultsError, read_results
+from pytest_perfguard.report.terminal import results_document, write_results
 
 pytest_plugins = ["pytester"]
 
@@ -175,7 +175,8 @@ if args == ["--version"]:
 if "--import" in args:
     print(Path(args[args.index("--import") + 1]).read_text())
     sys.exit(0)
-for needed in ("--profile-from-start", "pytest_perfguard.explain_probe", "--metrics", "--perfguard-explain-out"):
+probe = "pytest_perfguard.commands.explain.probe"
+for needed in ("--profile-from-start", probe, "--metrics", "--perfguard-explain-out"):
     assert needed in args, needed
 report = Path(args[args.index("--export") + 1] + ".ncu-rep")
 side = "head" if report.stem.endswith("head") else "base"
@@ -416,7 +417,7 @@ BAD_FILES = {
 
 
 def merge_files_to(path: Path) -> None:
-    from pytest_perfguard.merge import merge_files, write_merged
+    from pytest_perfguard.report.merge import merge_files, write_merged
 
     single = path.with_name("single.json")
     path.replace(single)
@@ -520,11 +521,16 @@ def test_probe_wants_exactly_one_case(pytester: pytest.Pytester) -> None:
             return (torch.ones(2),), {}
         """
     )
-    result = pytester.runpytest_inprocess("-p", "pytest_perfguard.explain_probe", "-p", "no:xdist")
+    result = pytester.runpytest_inprocess("-p", "pytest_perfguard.commands.explain.probe", "-p", "no:xdist")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*-k selected 2 perf cases*make -k select exactly one*"])
     result = pytester.runpytest_inprocess(
-        "-p", "pytest_perfguard.explain_probe", "-p", "no:xdist", "--perfguard-explain-id", "test_two.py::test_x[c]"
+        "-p",
+        "pytest_perfguard.commands.explain.probe",
+        "-p",
+        "no:xdist",
+        "--perfguard-explain-id",
+        "test_two.py::test_x[c]",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     expected = "no collected perf case has the id test_two.py::test_x[c] (its test has test_two.py::test_x[a], "
@@ -574,7 +580,7 @@ def test_probe_calls_the_variant_once_between_profiler_start_and_stop(pytester: 
     out = pytester.path / "probe.json"
     result = pytester.runpytest_subprocess(
         "-p",
-        "pytest_perfguard.explain_probe",
+        "pytest_perfguard.commands.explain.probe",
         "-p",
         "no:xdist",
         "--perfguard-device",

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks.changepoints import CLASSES, Planted, block_pools, noise_series, scenarios, simulate
-from pytest_perfguard.history import (
+from pytest_perfguard.commands.history.store import (
     SCHEMA_VERSION,
     find_changes,
     open_history,
@@ -187,7 +187,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from pytest_perfguard.history import add_results
+    from pytest_perfguard.commands.history.store import add_results
     hist, tag, files = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
     for number, name in enumerate(files):
         add_results(hist, Path(name), f"{tag}{number:039d}", 1_795_000_000 + number)
@@ -221,7 +221,7 @@ def test_two_concurrent_writer_processes_lose_nothing(tmp_path: Path) -> None:
 
 def test_history_command_does_not_import_torch(tmp_path: Path) -> None:
     code = (
-        "import sys; from pytest_perfguard.cli import main; "
+        "import sys; from pytest_perfguard.commands.cli import main; "
         f"main(['history', 'add', {str(results(tmp_path / 'r.json', 9000.0))!r}, '--history', "
         f"{str(tmp_path / 'h.sqlite')!r}, '--sha', 'abc', '--commit-time', '2026-11-23']); "
         "assert 'torch' not in sys.modules, 'torch imported'"

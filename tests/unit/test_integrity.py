@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pytest_perfguard import integrity, peaks
-from pytest_perfguard.correctness import check
-from pytest_perfguard.peaks import DeviceSpec, Peak, impossible_speed, peak_for, percent_of_peak
-from pytest_perfguard.timing import CpuTimer
+from pytest_perfguard.measure import integrity, peaks
+from pytest_perfguard.measure.correctness import check
+from pytest_perfguard.measure.peaks import DeviceSpec, Peak, impossible_speed, peak_for, percent_of_peak
+from pytest_perfguard.measure.timing import CpuTimer
 
 
 def _attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -108,13 +108,13 @@ def test_a_patched_clock_or_engine_function_is_named(monkeypatch: pytest.MonkeyP
     assert integrity.patched_timers() == []
     monkeypatch.setattr(time, "perf_counter_ns", lambda: 0)
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, other: 0.0)
-    from pytest_perfguard import timing
+    from pytest_perfguard.measure import timing
 
     monkeypatch.setattr(timing.CpuTimer, "prepare", lambda self, calls: None)
     assert integrity.patched_timers() == [
         "time.perf_counter_ns",
         "torch.cuda.Event.elapsed_time",
-        "pytest_perfguard.timing.CpuTimer.prepare",
+        "pytest_perfguard.measure.timing.CpuTimer.prepare",
     ]
     marker = object()
     assert integrity.patched_timers({"runner.measure": (marker, object())})[-1] == "runner.measure"
@@ -324,7 +324,7 @@ def test_the_profiler_prints_and_warns_nothing_of_its_own(capfd: pytest.CaptureF
     warning landed in every user's output and warnings summary."""
     import warnings
 
-    from pytest_perfguard.integrity import profiled_call
+    from pytest_perfguard.measure.integrity import profiled_call
 
     x = torch.zeros(4)
     with warnings.catch_warnings(record=True) as caught:

@@ -9,10 +9,10 @@ import random
 import pytest
 from scipy import stats as sps
 
-from pytest_perfguard import policy
-from pytest_perfguard import verdict as vd
-from pytest_perfguard.baseline import BaselineEntry, ProcessSample
-from pytest_perfguard.stats import t_quantile
+from pytest_perfguard.judge import policy
+from pytest_perfguard.judge import verdict as vd
+from pytest_perfguard.judge.baseline import BaselineEntry, ProcessSample
+from pytest_perfguard.judge.stats import t_quantile
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 6, 9, 15, 30, 60])

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from pytest_perfguard.cli import main
-from pytest_perfguard.markdown_report import markdown_summary
-from pytest_perfguard.merge import MERGED_KIND, merge_files, read_runs
-from pytest_perfguard.report_data import build
+from pytest_perfguard.commands.cli import main
+from pytest_perfguard.report.markdown import markdown_summary
+from pytest_perfguard.report.merge import MERGED_KIND, merge_files, read_runs
+from pytest_perfguard.report.view import build
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200_planted_results.json"
 ATTENTION = 11  # 8 regressed + 3 inconclusive in the file
@@ -100,7 +100,7 @@ def test_mermaid_chart_has_one_line_per_variant_and_a_named_legend(doc: dict[str
     assert block is not None
     chart = block.group(1)
     assert "\nxychart-beta\n" in chart
-    assert 'x-axis ["B1-H1-S128", "B4-H8-S128", "B8-H8-S128", "B16-H8-S512"]' in chart
+    assert 'x-axis ["B1 D64 H1 S128", "B4 D64 H8 S128", "B8 D64 H8 S128", "B16 D64 H8 S512"]' in chart
     lines = re.findall(r"^  line \[(.*)\]$", chart, re.M)
     assert len(lines) == 3
     for values in lines:
@@ -145,7 +145,7 @@ def test_html_is_self_contained_with_summary_cases_and_figures(doc: dict[str, An
     pytest.importorskip("plotly")
     from plotly.offline import get_plotlyjs
 
-    from pytest_perfguard.html_report import render_html
+    from pytest_perfguard.report.html import render_html
 
     page = render_html(doc)
     assert page.startswith("<!DOCTYPE html>")
@@ -172,7 +172,7 @@ def test_html_is_self_contained_with_summary_cases_and_figures(doc: dict[str, An
 
 def test_html_escapes_what_the_file_says(doc: dict[str, Any]) -> None:
     pytest.importorskip("plotly")
-    from pytest_perfguard.html_report import render_html
+    from pytest_perfguard.report.html import render_html
 
     doc["results"][0]["reasons"] = ["<script>alert(1)</script>"]
     doc["results"][0]["id"] = "t.py::test_x[</script><b>]"
@@ -185,7 +185,7 @@ def test_write_html_is_atomic_and_names_a_missing_plotly(
     doc: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("plotly")
-    from pytest_perfguard import html_report
+    from pytest_perfguard.report import html as html_report
 
     out = tmp_path / "r" / "report.html"
     html_report.write_html(out, doc)
@@ -339,7 +339,7 @@ def test_report_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 def test_the_cli_does_not_import_torch_or_plotly() -> None:
     """`perfguard` runs in jobs that have neither (the comment workflow, a laptop with the results file)."""
     code = (
-        "import sys; from pytest_perfguard import cli, merge, markdown_report; "
+        "import sys; from pytest_perfguard.commands import cli; from pytest_perfguard.report import merge, markdown; "
         "cli.build_parser(); print('torch' in sys.modules, 'plotly' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60).stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_perfguard.stats import (
+from pytest_perfguard.judge.stats import (
     Interval,
     combine_difference,
     hodges_lehmann,

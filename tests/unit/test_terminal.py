@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from pytest_perfguard.cli import main
-from pytest_perfguard.progress import ProgressLine, done_text
+from pytest_perfguard.commands.cli import main
+from pytest_perfguard.measure.timing import Progress
 from pytest_perfguard.record import CaseRecord, Outcome
-from pytest_perfguard.report import WIDTH, needs_a_look, shape_label, terminal_lines
-from pytest_perfguard.timing import Progress
+from pytest_perfguard.report.formats import shape_label
+from pytest_perfguard.report.terminal import WIDTH, needs_a_look, terminal_lines
+from pytest_perfguard.run.progress import ProgressLine, done_text
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_RAW = ROOT / "benchmarks" / "results" / "ab_2026-11-23" / "raw.tar.xz"

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_perfguard.baseline import BaselineEntry
-from pytest_perfguard.stats import relative_half_width
-from pytest_perfguard.timing import (
+from pytest_perfguard.judge.baseline import BaselineEntry
+from pytest_perfguard.judge.stats import relative_half_width
+from pytest_perfguard.judge.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, ab_gate, ab_progress, decide
+from pytest_perfguard.measure.timing import (
     CpuTimer,
     MeasureConfig,
     Measurement,
@@ -28,7 +29,6 @@ from pytest_perfguard.timing import (
     measure,
     pooled,
 )
-from pytest_perfguard.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, ab_gate, ab_progress, decide
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json.xz"
 GPU_POLICY = Policy(margin=0.02, alpha=0.05, family_size=1, noise_floor=0.003, ratio_noise_floor=0.002)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pytest_perfguard.watchdog import Deadline
+from pytest_perfguard.run.watchdog import Deadline
 
 
 def _expires(clock: Deadline) -> threading.Event:

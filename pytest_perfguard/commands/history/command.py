@@ -1,4 +1,4 @@
-"""``perfguard history add|show|changes``: the command side of the history store (history.py).
+"""``perfguard history add|show|changes``: the command side of the history store (store.py).
 
 cli.py imports this module inside ``build_parser``, after its own formatters exist; nothing here imports
 torch, and matplotlib and Otava are imported only by the subcommands that need them.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from pytest_perfguard.history import (
+from pytest_perfguard.commands.history.store import (
     DEFAULT_PATH,
     Change,
     History,
@@ -26,8 +26,8 @@ from pytest_perfguard.history import (
     open_history,
     resolve_commit,
 )
-from pytest_perfguard.report import format_ratio, format_time
-from pytest_perfguard.results_io import ResultsError
+from pytest_perfguard.report.formats import format_ratio, format_time
+from pytest_perfguard.report.results import ResultsError
 
 PLOT_SUFFIXES = (".png", ".svg")
 PLOT_MAX_CASES = 24

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from . import settings as st
-from .device import gpu_names, timing_gpus
-from .marker import MARK_NAME
+from .. import settings as st
+from ..marker import MARK_NAME
+from ..measure.device import gpu_names, timing_gpus
+from ..record import CaseRecord, Outcome, Status, dumps_records, loads_records
 from .progress import PROGRESS
-from .record import CaseRecord, Outcome, Status, dumps_records, loads_records
 from .session import MERGED, STATE, is_worker, state_of
 
 WORKER_POISONED_EXIT = 3

@@ -21,9 +21,9 @@ from typing import Any, cast
 
 import pytest
 
-from .record import CaseRecord
-from .report import format_time, plus_minus, shape_label
-from .timing import Progress
+from ..measure.timing import Progress
+from ..record import CaseRecord
+from ..report.formats import format_time, plus_minus, shape_label
 
 Clock = Callable[[], float]
 

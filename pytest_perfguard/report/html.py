@@ -18,19 +18,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .formats import format_change, format_mde, format_ratio, format_time
 from .merge import write_file
-from .report_data import (
+from .view import (
     Case,
     Gate,
     Report,
     build,
     counts_line,
     environment,
-    fmt_change,
-    fmt_mde,
-    fmt_ratio,
     fmt_tflops,
-    fmt_time,
     gate_text,
     shape_order,
 )
@@ -166,7 +163,7 @@ def _forest(
             "y": [label for label, _, _, _ in points],
             "mode": "markers+text" if labels else "markers",
             "textposition": "top center",
-            "text": [fmt_change(est) for _, _, _, est in points] if labels else None,
+            "text": [format_change(est) for _, _, _, est in points] if labels else None,
             "marker": {"color": [_color(g.status) for _, g, _, _ in points], "size": 8, "symbol": "diamond"},
             "error_x": {
                 "type": "data",
@@ -178,7 +175,7 @@ def _forest(
                 "arrayminus": [_r(x - _pct(lo)) for x, (lo, _) in zip(ests, ci, strict=True)],
             },
             "hovertext": [
-                f"{_e(case_id)}<br>{_e(g.name)}: {_e(g.status)}<br>{_e(g.reason)}<br>MDE {_e(fmt_mde(g.mde))}"
+                f"{_e(case_id)}<br>{_e(g.name)}: {_e(g.status)}<br>{_e(g.reason)}<br>MDE {_e(format_mde(g.mde))}"
                 for _, g, case_id, _ in points
             ],
             "hoverinfo": "text",
@@ -293,7 +290,7 @@ def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
                 "error_y": _error_bars(ys, cis, color),
                 "hoverinfo": "text",
                 "hovertext": [
-                    f"{_e(c.id)}<br>{_e(fmt_time(c.rec.median_ns, c.rec.ci_ns))}<br>{_e(fmt_tflops(c))} TFLOP/s"
+                    f"{_e(c.id)}<br>{_e(format_time(c.rec.median_ns, c.rec.ci_ns))}<br>{_e(fmt_tflops(c))} TFLOP/s"
                     f"<br>verdict: {_e(c.status)}"
                     for c in mine
                 ],
@@ -314,7 +311,9 @@ def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
                     "yaxis": "y2",
                     "error_y": _error_bars(ratios, [c.rec.ratio_ci for c in rated], color),
                     "hoverinfo": "text",
-                    "hovertext": [f"{_e(c.id)}<br>ratio {_e(fmt_ratio(c.rec.ratio, c.rec.ratio_ci))}" for c in rated],
+                    "hovertext": [
+                        f"{_e(c.id)}<br>ratio {_e(format_ratio(c.rec.ratio, c.rec.ratio_ci))}" for c in rated
+                    ],
                 }
             )
     top = f"{unit} (95% CI)" if use_tflops else "time, µs (95% CI)"
@@ -555,13 +554,13 @@ def _case_details(report: Report, case: Case, page: _Page) -> str:
     facts = [
         ("case", f"<code>{_e(case.id)}</code>"),
         ("workload", _e(case.rec.workload_desc or "-")),
-        ("time (95% CI)", _e(fmt_time(case.rec.median_ns, case.rec.ci_ns))),
+        ("time (95% CI)", _e(format_time(case.rec.median_ns, case.rec.ci_ns))),
         ("TFLOP/s (95% CI)", _e(fmt_tflops(case))),
         (
             f"ratio vs {_e(case.against or 'reference')} (95% CI)",
-            _e(fmt_ratio(case.rec.ratio, case.rec.ratio_ci)),
+            _e(format_ratio(case.rec.ratio, case.rec.ratio_ci)),
         ),
-        ("MDE (95% power)", _e(fmt_mde(case.mde))),
+        ("MDE (95% power)", _e(format_mde(case.mde))),
         (
             "blocks, stop",
             _e(f"{case.rec.blocks if case.rec.blocks is not None else '-'}, {case.rec.stop_reason or '-'}"),
@@ -570,7 +569,7 @@ def _case_details(report: Report, case: Case, page: _Page) -> str:
         ("reproduce", f"<code>{_e(case.command())}</code>"),
     ]
     for g in case.gates:
-        facts.append((f"{_e(g.name)} gate", _e(f"{g.status}: {g.reason or fmt_change(g.estimate, g.ci)}")))
+        facts.append((f"{_e(g.name)} gate", _e(f"{g.status}: {g.reason or format_change(g.estimate, g.ci)}")))
     reasons = [r for r in case.rec.reasons if not any(r == g.reason for g in case.gates)]
     if reasons:
         facts.append(("notes", "<br>".join(_e(r) for r in reasons)))
@@ -580,10 +579,10 @@ def _case_details(report: Report, case: Case, page: _Page) -> str:
         for text in (
             case.rec.variant,
             case.shape,
-            fmt_time(case.rec.median_ns, case.rec.ci_ns),
+            format_time(case.rec.median_ns, case.rec.ci_ns),
             fmt_tflops(case),
             gate_text(case) if any(g.estimate is not None for g in case.gates) else case.decisive_reason(),
-            fmt_mde(case.mde),
+            format_mde(case.mde),
             case.status,
         )
     )

@@ -31,10 +31,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .gitrev import GitError, git
+from ..gitrev import GitError, git
+from ..record import CaseRecord, Outcome, Status
+from ..report.formats import format_change
+from ..report.results import ResultsError, read_results
 from .pinned import child_env, pin, pytest_command
-from .record import CaseRecord, Outcome, Status
-from .results_io import ResultsError, read_results
 
 GOOD, BAD, SKIP, ABORT = 0, 1, 125, 128  # git bisect run: 125 skips, 128 and above stop the bisection
 STEP_LAUNCHER = "perfguard_bisect_step.py"
@@ -42,7 +43,7 @@ _WORDS = {GOOD: "pass", BAD: "regressed", SKIP: "skip"}
 _STEP_TEXT = '''"""One step of perfguard bisect, run by git bisect run with the pinned plugin beside this file."""
 import sys
 
-from pytest_perfguard.bisect import step_main
+from pytest_perfguard.commands.bisect import step_main
 
 sys.exit(step_main(sys.argv[1:]))
 '''
@@ -53,16 +54,6 @@ class BisectError(Exception):
 
 
 # ------------------------------------------------------------------------------------------ one step
-
-
-def format_change(estimate: float | None, ci: Sequence[float | None] | None) -> str:
-    """A head/base time ratio as a signed percentage with its CI: +5.0% [+4.6%, +5.4%]."""
-    if estimate is None:
-        return "-"
-    text = f"{(estimate - 1) * 100:+.1f}%"
-    if ci and ci[0] is not None and ci[1] is not None:
-        text += f" [{(ci[0] - 1) * 100:+.1f}%, {(ci[1] - 1) * 100:+.1f}%]"
-    return text
 
 
 @dataclass

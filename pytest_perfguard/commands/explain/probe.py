@@ -1,4 +1,4 @@
-"""The pytest plugin that ``perfguard explain`` loads (``-p pytest_perfguard.explain_probe``) under ncu.
+"""The pytest plugin that ``perfguard explain`` loads (``-p pytest_perfguard.commands.explain.probe``) under ncu.
 
 It replaces the body of the one selected perf item: the variant runs a few times untimed (builds, autotuning,
 lazy initialisation), then once between ``cudaProfilerStart`` and ``cudaProfilerStop``. ncu runs with
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from .marker import MARK_NAME, VARIANT_ARG, PerfCase
+from ...marker import MARK_NAME, VARIANT_ARG, PerfCase
 
 WARMUP_CALLS = 3
 SEED = 0

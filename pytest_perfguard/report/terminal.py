@@ -1,5 +1,5 @@
 """Presenting results: the terminal table and the JSON results file (the HTML report and the Markdown job
-summary are html_report.py and markdown_report.py).
+summary are html.py and markdown.py; every figure is formatted by formats.py).
 
 Every figure printed comes with its interval; a row without timing says why.
 """
@@ -7,7 +7,6 @@ Every figure printed comes with its interval; a row without timing says why.
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,53 +15,21 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .jsonio import write_text_atomic
-from .record import CaseRecord, Outcome, Status, id_order
-from .results_io import RESULTS_KIND, RESULTS_SCHEMA_VERSION, ResultsError
-
-_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
-
-
-def _unit(ns: float) -> tuple[float, str]:
-    for scale, name in _UNITS:
-        if ns >= scale:
-            return scale, name
-    return 1.0, "ns"
-
-
-def _digits(value: float) -> int:
-    """Decimals for about four significant figures."""
-    return 1 if value >= 100 else 2 if value >= 10 else 3
-
-
-def format_time(ns: float | None, ci: tuple[float, float] | None = None) -> str:
-    """A time in ns as "9.123 µs", with its CI "[9.100, 9.150]" in the same unit; "-" for none."""
-    if ns is None or not math.isfinite(ns):
-        return "-"
-    scale, unit = _unit(ns)
-    digits = _digits(ns / scale)
-    text = f"{ns / scale:.{digits}f} {unit}"
-    if ci is not None:
-        text += f" [{ci[0] / scale:.{digits}f}, {ci[1] / scale:.{digits}f}]"
-    return text
-
-
-def format_ratio(ratio: float | None, ci: tuple[float, float] | None) -> str:
-    """A ratio with its CI, or "-" when no reference was timed."""
-    if ratio is None:
-        return "-"
-    text = f"{ratio:.3f}"
-    if ci is not None:
-        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
-    return text
-
-
-def plus_minus(center: float | None, ci: Sequence[float | None] | None, unit: str = "%") -> str:
-    """ "±1.2%": the larger side of the CI, relative to the center; "-" without one."""
-    if center is None or not ci or ci[0] is None or ci[1] is None:
-        return "-"
-    half = max(center - float(ci[0]), float(ci[1]) - center) / center * 100
-    return f"±{half:.{2 if half < 0.1 else 1}f}{unit}"
+from ..jsonio import write_text_atomic
+from ..record import CaseRecord, Outcome, Status, id_order
+from .formats import (
+    attention,
+    format_change,
+    format_mde,
+    format_ratio,
+    format_time,
+    plus_minus,
+    shape_label,
+    significant,
+    status_of,
+    status_rank,
+)
+from .results import RESULTS_KIND, RESULTS_SCHEMA_VERSION, ResultsError
 
 
 def delta_text(record: CaseRecord, gate: str) -> str:
@@ -72,17 +39,13 @@ def delta_text(record: CaseRecord, gate: str) -> str:
         return "-"
     if g.get("estimate") is None:
         return str(g.get("status"))
-    est = (g["estimate"] - 1) * 100
-    ci = g.get("ci") or [None, None]
-    if ci[0] is None or ci[1] is None:
-        return f"{est:+.1f}%"
-    return f"{est:+.1f}% [{(ci[0] - 1) * 100:+.1f}, {(ci[1] - 1) * 100:+.1f}]"
+    return format_change(g["estimate"], g.get("ci"))
 
 
 def _mde(record: CaseRecord) -> str:
     """The smallest slowdown of the kernel that the case fails on 95% of the time: its better gate's, or the
     time gate's alone for a variant timed against itself (verdict.case_mde)."""
-    return "-" if record.mde is None else f"{record.mde * 100:+.1f}%"
+    return format_mde(record.mde)
 
 
 def rows(records: Iterable[CaseRecord]) -> list[list[str]]:
@@ -120,8 +83,8 @@ def _tflops(r: CaseRecord) -> str:
         return "-"
     pct = f" ({r.pct_peak_compute:.0f}% pk)" if r.pct_peak_compute is not None else ""
     if not flops or not ci or not ci[0] or not ci[1]:
-        return f"{t:.3g}{pct}"
-    return f"{t:.3g} [{flops / ci[1] / 1e3:.3g}, {flops / ci[0] / 1e3:.3g}]{pct}"
+        return f"{significant(t)}{pct}"
+    return f"{significant(t)} [{significant(flops / ci[1] / 1e3)}, {significant(flops / ci[0] / 1e3)}]{pct}"
 
 
 def _gbps(r: CaseRecord) -> str:
@@ -145,39 +108,6 @@ HEADERS = [
     "verdict",
 ]
 AB_HEADER = "Δ vs base rev [95% CI]"
-
-
-_DTYPES = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-    "float32": "fp32",
-    "float": "fp32",
-    "float64": "fp64",
-    "double": "fp64",
-    "float8_e4m3fn": "fp8e4m3",
-    "float8_e5m2": "fp8e5m2",
-}
-
-
-def _label(key: str, value: Any) -> str:
-    """One parameter as a reader scans it: "S128", "bf16", "causal"; "" for an off flag or None."""
-    if value is None or value is False:
-        return ""
-    if value is True:
-        return key
-    if isinstance(value, str):
-        text = value.removeprefix("torch.")
-        return _DTYPES.get(text, text)
-    return f"{key}{value}" if len(key) <= 2 else f"{key}:{value}"
-
-
-def shape_label(r: CaseRecord) -> str:
-    """A short label of the case's parameters ("B4 H8 S128 D64", "S2048 D128 bf16 causal"): the table has
-    120 columns for all of a case, and "B=4,H=8,dtype=torch.bfloat16,causal=False" spends most of them on noise."""
-    if r.params:
-        return " ".join(t for t in (_label(k, v) for k, v in r.params.items()) if t)
-    return str(r.workload_desc or "")
 
 
 _shape = shape_label
@@ -220,14 +150,13 @@ def write_results(path: Path, doc: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------------------ the terminal summary
 
 WIDTH = 120  # what the terminal summary fits at default verbosity: a CI log or a split-screen terminal
-NEEDS_A_LOOK = (Status.REGRESSED, Status.INCONCLUSIVE, Status.INCORRECT, Status.ERROR, Status.TIMEOUT, Status.FLAGGED)
 # Short headers: "vs against" is the ratio to the case's `against` function, "Δ base rev" the A/B gate.
 SHORT_HEADERS = ["variant", "shape", "time ± CI", "vs against", "Δ baseline", "MDE", "verdict"]
 
 
 def needs_a_look(r: CaseRecord) -> bool:
     """Failing and inconclusive cases: the ones a reader has to act on, shown first with their reason."""
-    return r.outcome is Outcome.FAILED or r.verdict in NEEDS_A_LOOK
+    return r.outcome is Outcome.FAILED or (r.verdict is not None and attention(str(r.verdict)))
 
 
 def _skipped(r: CaseRecord) -> bool:
@@ -348,7 +277,7 @@ def terminal_lines(
     headers = list(SHORT_HEADERS)
     if ab:
         headers.insert(5, "Δ base rev")
-    look = [r for r in shown if needs_a_look(r)]
+    look = sorted((r for r in shown if needs_a_look(r)), key=lambda r: status_rank(status_of(r)))  # then by id
     rest = [r for r in shown if not needs_a_look(r)]
     rows = {r.id: _short_row(r, ab) for r in shown}
     widths = _fit([headers, *rows.values()], width, shrink=1) if shown else []

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from .stats import Interval, log_interval, relative_half_width
+from ..judge.stats import Interval, log_interval, relative_half_width
 
 Call = Callable[[], object]
 Clock = Callable[[], int]

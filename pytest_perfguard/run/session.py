@@ -10,7 +10,7 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import baseline as bl
-from .device import fingerprint
-from .jsonio import JSONFileError
-from .policy import MACHINE_MOVED_SHARE, discord_limit, discordant, prior_spread
-from .policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
-from .policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
-from .record import CaseRecord, Outcome, Status
-from .settings import Settings, shown
-from .verdict import MACHINE_MOVED, Policy
+from ..jsonio import JSONFileError
+from ..judge import baseline as bl
+from ..judge.policy import MACHINE_MOVED_SHARE, discord_limit, discordant, prior_spread
+from ..judge.policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
+from ..judge.policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
+from ..judge.verdict import MACHINE_MOVED, Policy
+from ..measure.device import fingerprint
+from ..record import CaseRecord, Outcome, Status
+from ..settings import Settings, shown
 
 if TYPE_CHECKING:
+    from ..measure.timing import Progress
     from .ab import BaseTree
-    from .timing import Progress
 
 
 # Verdicts of a timed case that compared it with nothing.
@@ -75,7 +75,7 @@ class SessionState:
         return NOISE_FLOOR[self.kind]
 
     def policy(self) -> Policy:
-        from .confirm import in_child
+        from .cleanup import in_child
 
         return Policy(
             margin=self.settings.margin,
@@ -170,7 +170,7 @@ def entry_of(
 def device_id(state: SessionState) -> str:
     """What a process sample names its device by: the GPU's UUID, or the host's CPU model."""
     if state.kind == "cuda":
-        from .device import lock_name
+        from ..measure.device import lock_name
 
         return lock_name(state.settings.device).removeprefix("gpu-")
     return str(state.device_info.get("name") or "")
@@ -289,8 +289,6 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
             "spread is unknown, so their threshold falls back to 4x the stored noise; record a sample of "
             "several processes with pytest --perfguard-update-baseline"
         )
-    from .confirm import batch_line
-
     batched = batch_line(timed)
     if batched:
         out.messages.append(batched)
@@ -328,7 +326,7 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
 
 
 def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[CaseRecord], out: RunSummary) -> None:
-    from .report import results_document, write_results
+    from ..report.terminal import results_document, write_results
 
     s = state.settings
     summary = {
@@ -349,7 +347,7 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
         except (JSONFileError, OSError, ValueError) as exc:
             out.errors.append(f"perfguard: could not write results to {s.json}: {exc}")
     if s.html is not None:
-        from .html_report import ReportDependencyError, write_html  # plotting only when a report is asked for
+        from ..report.html import ReportDependencyError, write_html  # plotting only when a report is asked for
 
         try:
             write_html(s.html, doc)
@@ -358,7 +356,7 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
             out.errors.append(f"perfguard: could not write the HTML report {s.html}: {exc}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and s.enabled:
-        from .markdown_report import markdown_summary
+        from ..report.markdown import markdown_summary
 
         try:
             with open(step_summary, "a", encoding="utf-8") as fh:
@@ -369,7 +367,7 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
 
 def run_info(state: SessionState) -> dict[str, Any]:
     """What the run compared and at which revision: shown in reports."""
-    from .gitrev import head_sha
+    from ..gitrev import head_sha
 
     info: dict[str, Any] = {"git_sha": head_sha(state.rootdir)}
     if state.warmups:
@@ -681,3 +679,22 @@ def state_of(config: pytest.Config) -> SessionState:
 
 def is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
+
+
+def batch_line(records: Sequence[CaseRecord]) -> str:
+    """The summary's account of batched confirmations; empty when there were none."""
+    batched = [r for r in records if (r.confirmation or {}).get("batch")]
+    if not batched:
+        return ""
+    counts: dict[str, int] = {}
+    for r in batched:
+        key = str(r.verdict)
+        if r.verdict is Status.REGRESSED:
+            confirmed = (r.confirmation or {}).get("verdict") == Status.REGRESSED
+            key += " (confirmed)" if confirmed else " (not confirmed: see the case's notes)"
+        counts[key] = counts.get(key, 0) + 1
+    parts = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
+    return (
+        f"perfguard: {len(batched)} regression(s) past the single confirmations (--perfguard-confirm-max) were "
+        f"confirmed together in one fresh process per session or xdist worker: {parts}"
+    )

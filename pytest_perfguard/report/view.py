@@ -8,34 +8,18 @@ results file (one run) and a merged file (several runs, see merge.py) alike.
 from __future__ import annotations
 
 import math
-import re
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .explanation import lenient
+from ..explanation import lenient
+from ..record import Status, id_order
+from .formats import FAILING, STATUS_ORDER, UNDECIDED, attention, format_change, shape_label, significant, status_rank
 from .merge import runs_of
-from .record import Status, id_order
-from .results_io import ResultRecord
+from .results import ResultRecord
 
-# A case that failed the build, then one that could not be decided, then the rest; within a group, by id.
-FAILING = ("regressed", "incorrect", "error", "timeout", "flagged", "failed")
-UNDECIDED = ("inconclusive",)
-STATUS_ORDER = (
-    *FAILING,
-    *UNDECIDED,
-    "not comparable",
-    "no baseline",
-    "no base",
-    "new",
-    "faster",
-    "pass",
-    "correct",
-    "skipped",
-    "not run",
-)
 # With the default case budget of 5 s, four times as much measuring halves the interval's width.
 FIRMER_BUDGET_S = 20
 
@@ -117,7 +101,7 @@ class Case:
 
     @property
     def needs_attention(self) -> bool:
-        return self.status in FAILING or self.status in UNDECIDED
+        return attention(self.status)
 
     @property
     def tflops_ci(self) -> tuple[float, float] | None:
@@ -178,25 +162,6 @@ class Report:
         return sorted({case.env["against_backend"] for case in self.cases if case.env.get("against_backend")})
 
 
-def shape_label(record: Mapping[str, Any]) -> str:
-    """A short label for the case's shape: the pytest id without the variant ("B1-H1-S128"), else the
-    parameters, else the workload description."""
-    case_id, variant = str(record.get("id", "")), str(record.get("variant", ""))
-    bracket = re.search(r"\[(.*)\]$", case_id)
-    if bracket:
-        label = bracket.group(1)
-        for prefix in (f"{variant}-", variant):
-            if variant and label.startswith(prefix):
-                label = label[len(prefix) :]
-                break
-        if label:
-            return label
-    params = record.get("params")
-    if isinstance(params, dict) and params:
-        return ",".join(f"{k}={v}" for k, v in params.items())
-    return str(record.get("workload_desc") or case_id)
-
-
 def status_of(record: Mapping[str, Any]) -> str:
     verdict = record.get("verdict")
     if isinstance(verdict, str) and verdict:
@@ -230,6 +195,7 @@ def _rec(record: Mapping[str, Any]) -> ResultRecord:
         id=str(record.get("id", "")),
         variant=str(record.get("variant", "")),
         workload_desc=str(record.get("workload_desc") or ""),
+        params=dict(record["params"]) if isinstance(record.get("params"), dict) else {},
         median_ns=_number(record.get("median_ns")),
         ci_ns=_interval(record.get("ci_ns")),
         ratio=_number(record.get("ratio")),
@@ -253,12 +219,13 @@ def _status(value: Any) -> Status | None:
 
 def _case(record: Mapping[str, Any], device: Mapping[str, Any]) -> Case:
     env = record.get("env")
+    rec = _rec(record)
     return Case(
-        rec=_rec(record),
+        rec=rec,
         device=str(device.get("slug", "")),
         device_name=str(device.get("name", "")),
         test=str(record.get("test") or str(record.get("id", "")).split("[")[0].split("::")[-1]),
-        shape=shape_label(record),
+        shape=shape_label(rec),
         status=status_of(record),
         against=_optional_str(record.get("against")),
         flops=_number(record.get("flops")),
@@ -272,8 +239,7 @@ def _case(record: Mapping[str, Any], device: Mapping[str, Any]) -> Case:
 
 
 def _sort_key(case: Case) -> tuple[int, tuple[str | int, ...], str]:
-    rank = STATUS_ORDER.index(case.status) if case.status in STATUS_ORDER else len(STATUS_ORDER)
-    return rank, id_order(case.id), case.device
+    return status_rank(case.status), id_order(case.id), case.device
 
 
 def git_sha(run: Mapping[str, Any]) -> str | None:
@@ -320,50 +286,18 @@ def build(doc: Mapping[str, Any]) -> Report:
 # ------------------------------------------------------------------------------------------- formatting
 
 
-def fmt_time(ns: float | None, ci: tuple[float, float] | None = None) -> str:
-    """ "9.12 µs [9.10, 9.15]": the CI in the unit of the estimate."""
-    if ns is None:
-        return "-"
-    scale, unit = next(((s, u) for s, u in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")) if ns >= s), (1.0, "ns"))
-    digits = 1 if ns / scale >= 100 else 2 if ns / scale >= 10 else 3
-    text = f"{ns / scale:.{digits}f} {unit}"
-    return text if ci is None else f"{text} [{ci[0] / scale:.{digits}f}, {ci[1] / scale:.{digits}f}]"
-
-
-def fmt_change(estimate: float | None, ci: tuple[float, float] | None = None) -> str:
-    """A ratio-scale change as "+3.1% [+2.8, +3.4]"."""
-    if estimate is None:
-        return "-"
-    text = f"{(estimate - 1) * 100:+.1f}%"
-    return text if ci is None else f"{text} [{(ci[0] - 1) * 100:+.1f}, {(ci[1] - 1) * 100:+.1f}]"
-
-
-def fmt_ratio(ratio: float | None, ci: tuple[float, float] | None = None) -> str:
-    if ratio is None:
-        return "-"
-    return _sig(ratio) if ci is None else f"{_sig(ratio)} [{_sig(ci[0])}, {_sig(ci[1])}]"
-
-
-def _sig(x: float) -> str:
-    """Three significant digits, keeping trailing zeros ("4.00", not "4"), without a bare trailing dot."""
-    return f"{x:#.3g}".rstrip(".") if abs(x) < 1e5 else f"{x:.3g}"
-
-
 def fmt_tflops(case: Case) -> str:
     tflops = case.rec.tflops
     if tflops is None:
         return "-"
     ci = case.tflops_ci
-    return _sig(tflops) if ci is None else f"{_sig(tflops)} [{_sig(ci[0])}, {_sig(ci[1])}]"
-
-
-def fmt_mde(mde: float | None) -> str:
-    return "-" if mde is None else f"{mde * 100:.1f}%"
+    text = significant(tflops)
+    return text if ci is None else f"{text} [{significant(ci[0])}, {significant(ci[1])}]"
 
 
 def gate_text(case: Case) -> str:
     """Every gate's change with its CI, "baseline +3.1% [+2.8, +3.4]; ratio ..."."""
-    parts = [f"{g.name} {fmt_change(g.estimate, g.ci)}" for g in case.gates if g.estimate is not None]
+    parts = [f"{g.name} {format_change(g.estimate, g.ci)}" for g in case.gates if g.estimate is not None]
     return "; ".join(parts) or "-"
 
 

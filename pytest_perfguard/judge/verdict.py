@@ -35,10 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..record import Status
+from ..settings import DEFAULT_MARGIN
 from .baseline import BaselineEntry
 from .policy import MAX_SAMPLES, NOISE_K, case_threshold, sample_threshold
-from .record import Status
-from .settings import DEFAULT_MARGIN
 from .stats import Interval, combine_difference, log_interval, normal_quantile
 
 PASS = Status.PASS

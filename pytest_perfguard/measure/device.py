@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .baseline import device_slug
+from ..judge.baseline import device_slug
 
 # Keys whose change makes stored timings incomparable. The driver is recorded but not compared: it
 # rarely moves kernel time, and machines of one model in a runner pool often differ in it.

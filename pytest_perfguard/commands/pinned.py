@@ -43,7 +43,7 @@ sys.exit(pytest.main())  # the arguments are sys.argv[1:]
 
 def pin(folder: Path) -> Path:
     """Copy the plugin package into `folder` (once) and return the folder; children get it on PYTHONPATH."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # commands/ -> the package
     target = folder / package.name
     if not target.is_dir():
         shutil.copytree(package, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

@@ -14,8 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import report_data as rd
-from .report_data import Case, Report
+from . import view as rd
+from .formats import format_mde, format_ratio, format_time
+from .view import Case, Report
 
 # A PR comment holds at most 65,536 characters; leave room for the marker and a note.
 COMMENT_LIMIT = 60_000
@@ -89,7 +90,7 @@ def _attention(report: Report) -> list[str]:
         lines.append(
             f"| **{_plain(case.status)}** | {_plain(case.rec.variant)} · "
             f"{_plain(case.shape)}{_plain(_where(report, case))} "
-            f"| {_plain(case.decisive_reason())} | {rd.fmt_mde(case.mde)} | {_cell(_code(case.command()))} |"
+            f"| {_plain(case.decisive_reason())} | {format_mde(case.mde)} | {_cell(_code(case.command()))} |"
         )
     if len(cases) > MAX_ATTENTION:
         lines.append(f"\n…and {len(cases) - MAX_ATTENTION} more: see the full table below or the HTML report.")
@@ -152,11 +153,11 @@ def _table_rows(report: Report) -> list[str]:
             case.test,
             case.rec.variant,
             case.shape,
-            rd.fmt_time(case.rec.median_ns, case.rec.ci_ns),
+            format_time(case.rec.median_ns, case.rec.ci_ns),
             rd.fmt_tflops(case),
-            rd.fmt_ratio(case.rec.ratio, case.rec.ratio_ci),
+            format_ratio(case.rec.ratio, case.rec.ratio_ci),
             rd.gate_text(case),
-            rd.fmt_mde(case.mde),
+            format_mde(case.mde),
         ]
         if device_col:
             cells.append(case.device_name)

@@ -43,17 +43,17 @@ from typing import Any
 
 import pytest
 
-from .baseline import BaselineFile
-from .gitrev import GitError, git
-from .jsonio import JSONFileError, dumps, locked, write_text_atomic
-from .locks import LockError, owner_only_dir
-from .marker import MARK_NAME, PerfCase, Variant
-from .policy import AB_OFFSET_LEVEL, AB_OFFSET_MIN_READINGS
-from .record import Status
-from .settings import BY_NAME, Settings, convert, resolve
+from ..gitrev import GitError, git
+from ..jsonio import JSONFileError, dumps, locked, write_text_atomic
+from ..judge.baseline import BaselineFile
+from ..judge.policy import AB_OFFSET_LEVEL, AB_OFFSET_MIN_READINGS
+from ..locks import LockError, owner_only_dir
+from ..marker import MARK_NAME, PerfCase, Variant
+from ..record import Status
+from ..settings import BY_NAME, Settings, convert, from_env, resolve
 
 PLUGIN_PACKAGE = "pytest_perfguard"
-CACHE_DIR_ENV = "PERFGUARD_CACHE_DIR"
+CACHE_DIR_ENV = BY_NAME["cache_dir"].env
 DEFAULT_CACHE_DAYS: float = BY_NAME["cache_days"].default  # a tree unused this long is removed
 _TEMP_SUFFIX = ".tmp"
 _CHUNK = 1 << 20
@@ -61,9 +61,9 @@ _CHUNK = 1 << 20
 
 def cache_dir() -> Path:
     """Where base trees are kept: $PERFGUARD_CACHE_DIR, else the per-user cache folder."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit)
+    explicit: Path | None = from_env("cache_dir")
+    if explicit is not None:
+        return explicit
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "pytest-perfguard"
 
@@ -308,7 +308,7 @@ def _cache_root() -> Path:
     folder is owner-only; in one given by $PERFGUARD_CACHE_DIR (its mode is the user's choice: it may be
     /tmp) the `base` folder inside is, and is checked."""
     folder = cache_dir()
-    if os.environ.get(CACHE_DIR_ENV):
+    if from_env("cache_dir") is not None:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
     return owner_only_dir(folder, what="cache folder", setting=CACHE_DIR_ENV)

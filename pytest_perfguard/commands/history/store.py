@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 from pytest_perfguard.gitrev import GitError, git
-from pytest_perfguard.results_io import ResultRecord, read_results
-from pytest_perfguard.stats import Interval
+from pytest_perfguard.judge.stats import Interval
+from pytest_perfguard.report.results import ResultRecord, read_results
 
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path(".ci/history.sqlite")

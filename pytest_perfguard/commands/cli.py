@@ -17,8 +17,9 @@ from typing import Any
 
 from tabulate import tabulate
 
-from . import __version__
-from .baseline import (
+from .. import __version__
+from ..jsonio import JSONFileError, load_json_text
+from ..judge.baseline import (
     DEFAULT_FOLDER,
     SCHEMA_VERSION,
     BaselineError,
@@ -27,14 +28,14 @@ from .baseline import (
     parse_baseline,
     read_baseline,
 )
-from .jsonio import JSONFileError, load_json_text
-from .merge import MERGED_KIND, read_runs
-from .policy import NOISE_FLOOR, case_threshold
-from .record import CaseRecord, Status, id_order
-from .report import delta_text, format_ratio, format_time
-from .results_io import RESULTS_KIND, ResultsFile, parse_results, read_results
-from .settings import DEFAULT_MARGIN
-from .verdict import Policy, Verdict, recorded_gate
+from ..judge.policy import NOISE_FLOOR, case_threshold
+from ..judge.verdict import Policy, Verdict, recorded_gate
+from ..record import CaseRecord, Status, id_order
+from ..report.formats import format_mde, format_ratio, format_time
+from ..report.merge import MERGED_KIND, read_runs
+from ..report.results import RESULTS_KIND, ResultsFile, parse_results, read_results
+from ..report.terminal import delta_text
+from ..settings import DEFAULT_MARGIN
 
 
 def device_line(device: dict[str, Any]) -> str:
@@ -178,8 +179,7 @@ def _ab_text(r: CaseRecord) -> str:
 def _mde_text(a: CaseRecord, b: CaseRecord) -> str:
     """The smallest slowdown B's run would have failed on (A's when B has none): a "same" that is narrower
     than the MDE says little."""
-    mde = b.mde if b.mde is not None else a.mde
-    return "-" if mde is None else f"{mde * 100:+.1f}%"
+    return format_mde(b.mde if b.mde is not None else a.mde)
 
 
 def _compare_rows(
@@ -362,7 +362,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     """Combine results files of several runners into one file, cases of different devices kept apart."""
-    from pytest_perfguard.merge import merge_files, write_merged
+    from pytest_perfguard.report.merge import merge_files, write_merged
 
     output = Path(args.output)
     try:
@@ -380,8 +380,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Render a results or merged file as HTML and/or Markdown, after the fact."""
-    from pytest_perfguard.markdown_report import markdown_summary
-    from pytest_perfguard.merge import read_document, write_file
+    from pytest_perfguard.report.markdown import markdown_summary
+    from pytest_perfguard.report.merge import read_document, write_file
 
     if not (args.html or args.markdown):
         _err("nothing to write: add --html FILE and/or --markdown FILE (- for standard output)")
@@ -394,7 +394,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             write_file(Path(args.markdown), markdown_summary(doc))
             print(f"{args.markdown}: Markdown summary written")
         if args.html:
-            from pytest_perfguard.html_report import ReportDependencyError, write_html
+            from pytest_perfguard.report.html import ReportDependencyError, write_html
 
             try:
                 write_html(Path(args.html), doc)
@@ -460,11 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", metavar="FILE", help="Markdown summary, as in the job summary (- for stdout)")
     report.set_defaults(func=cmd_report)
 
-    from pytest_perfguard.history_cli import add_history_parser
+    from pytest_perfguard.commands.history.command import add_history_parser
 
     add_history_parser(sub)
-    from pytest_perfguard.bisect import add_bisect_parser
-    from pytest_perfguard.explain import add_explain_parser
+    from pytest_perfguard.commands.bisect import add_bisect_parser
+    from pytest_perfguard.commands.explain.command import add_explain_parser
 
     add_bisect_parser(sub)
     add_explain_parser(sub)

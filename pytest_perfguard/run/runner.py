@@ -26,20 +26,20 @@ from typing import Any
 import pytest
 import torch
 
-from . import baseline as bl
-from . import integrity, peaks
+from ..judge import baseline as bl
+from ..judge.stats import relative_half_width
+from ..judge.verdict import Verdict, ab_gate, ab_progress, case_mde, decide, unpaired_gate
+from ..locks import device_lock
+from ..marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
+from ..measure import integrity, peaks
+from ..measure.correctness import CorrectnessReport, Inputs, Oracle, check
+from ..measure.cpuwatch import CpuWatch
+from ..measure.device import Disturbances, incomparable, lock_name, manual_seed
+from ..measure.timing import Call, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
+from ..record import CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
-from .correctness import CorrectnessReport, Inputs, Oracle, check
-from .cpuwatch import CpuWatch
-from .device import Disturbances, incomparable, lock_name, manual_seed
-from .locks import device_lock
-from .marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
-from .record import CaseRecord, Outcome, Status
 from .session import SessionState
-from .stats import relative_half_width
-from .timing import Call, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
-from .verdict import Verdict, ab_gate, ab_progress, case_mde, decide, unpaired_gate
 from .watchdog import Deadline, deadline
 
 

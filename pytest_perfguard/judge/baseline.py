@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .jsonio import (
+from ..jsonio import (
     LOCK_TIMEOUT_S,
     Invalid,
     JSONFileError,
@@ -78,6 +78,7 @@ from .jsonio import (
     string,
     write_text_atomic,
 )
+from ..settings import AB_SMALL_NS
 from .policy import (
     AB_OFFSET_LEVEL,
     AB_OFFSET_MIN_READINGS,
@@ -88,7 +89,6 @@ from .policy import (
 )
 from .policy import NOISE_K as NOISE_K  # re-exported
 from .policy import case_threshold as case_threshold  # re-exported: callers of the one-process rule
-from .settings import AB_SMALL_NS
 from .stats import normal_quantile, t_quantile
 
 SCHEMA_VERSION = 3

@@ -6,7 +6,7 @@ diffs the metrics that explain kernel time: duration and SM clock, registers and
 traffic), achieved occupancy, DRAM and L2 throughput and the L2 hit rate, tensor-pipe utilisation and the
 launch configuration.
 
-Only the one call of the variant is profiled (explain_probe.py, ``--profile-from-start off``). Clocks are
+Only the one call of the variant is profiled (probe.py, ``--profile-from-start off``). Clocks are
 left as the timing saw them (``--clock-control none``), so a clock drop shows in the SM clock row;
 ``--lock-clocks`` locks them to base instead, for a duration diff free of boost. Without ncu, or without
 permission to read the GPU's counters, it says what it needs and exits 2.
@@ -32,12 +32,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .explanation import Explanation, KernelDiff, MetricDiff, text
-from .gitrev import GitError, git
-from .jsonio import JSONFileError, dumps, load_json_text, locked, write_text_atomic
-from .pinned import child_env, pin, pytest_command
-from .record import CaseRecord, Status
-from .results_io import ResultsError, ResultsFile, parse_results
+from ...explanation import Explanation, KernelDiff, MetricDiff, text
+from ...gitrev import GitError, git
+from ...jsonio import JSONFileError, dumps, load_json_text, locked, write_text_atomic
+from ...record import CaseRecord, Status
+from ...report.results import ResultsError, ResultsFile, parse_results
+from ...settings import from_env
+from ..pinned import child_env, pin, pytest_command
 
 
 @dataclass(frozen=True)
@@ -325,7 +326,7 @@ def profile(
             "--force-overwrite",
             *pytest_command(work / "plugin"),
             "-p",
-            "pytest_perfguard.explain_probe",
+            "pytest_perfguard.commands.explain.probe",
             "-p",
             "no:cacheprovider",
             "--perfguard-explain-out",
@@ -376,7 +377,7 @@ def _base_tree(top: Path, rev: str) -> tuple[str, Path]:
         raise ExplainError(f"--against {rev}: unknown git revision (git rev-parse {rev} finds none)") from None
     import pytest
 
-    from .ab import materialise
+    from ...run.ab import materialise
 
     try:
         return sha, materialise(top, sha)
@@ -393,7 +394,7 @@ def default_against(top: Path, results: ResultsFile | None = None) -> str:
         )
         if isinstance(recorded, str) and recorded:
             return recorded
-    env = os.environ.get("PERFGUARD_AGAINST")
+    env: str | None = from_env("against")
     if env:
         return env
     if git(top, "status", "--porcelain", "--untracked-files=no"):
@@ -410,7 +411,7 @@ def default_against(top: Path, results: ResultsFile | None = None) -> str:
 
 def read_results_for_update(path: Path) -> ResultsFile:
     """The results file explain will write into, checked before anything is profiled."""
-    from .merge import MERGED_KIND
+    from ...report.merge import MERGED_KIND
 
     obj, exists = load_json_text(path, ResultsError, "results")
     if not exists:

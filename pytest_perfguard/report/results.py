@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .baseline import check_device
-from .jsonio import Invalid, JSONFileError, integer, interval, load_json_text, number, string
-from .record import CaseRecord, RecordError
+from ..jsonio import Invalid, JSONFileError, integer, interval, load_json_text, number, string
+from ..judge.baseline import check_device
+from ..record import CaseRecord, RecordError
 
 RESULTS_SCHEMA_VERSION = 1
 RESULTS_KIND = "perfguard-results"

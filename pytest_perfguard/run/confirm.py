@@ -36,22 +36,20 @@ import pytest
 # How pytest-rerunfailures runs an item without logging its reports, and which exceptions pytest lets through.
 from _pytest.runner import get_reraise_exceptions, runtestprotocol
 
-from . import xdist_support as xd
-from .cleanup import CONFIRM_PREFIX, die_with_parent
-from .device import SESSION_PIDS_ENV, session_pids
-from .marker import MARK_NAME
-from .policy import mean_threshold, process_mean, within_together
-from .record import CaseRecord, Outcome, RecordError, Status
-from .session import is_worker
-from .settings import Settings
-from .verdict import Gate, Verdict
+from ..judge.policy import mean_threshold, process_mean, within_together
+from ..judge.verdict import Gate, Verdict
+from ..marker import MARK_NAME
+from ..measure.device import SESSION_PIDS_ENV, session_pids
+from ..record import CaseRecord, Outcome, RecordError, Status
+from ..settings import Settings
+from . import xdist as xd
+from .cleanup import CHILD_ENV, CONFIRM_PREFIX, die_with_parent, in_child
 
 if TYPE_CHECKING:
-    from .baseline import BaselineEntry
+    from ..judge.baseline import BaselineEntry
     from .session import SessionState
     from .watchdog import Deadline
 
-CHILD_ENV = "PERFGUARD_CONFIRMING"  # set in the fresh process, so it does not confirm again
 # Set in a batch's fresh process: each case there is judged as a single confirmation judges its one case
 # (a family of one), not widened for the batch's size.
 ALONE_ENV = "PERFGUARD_CONFIRM_ALONE"
@@ -61,13 +59,13 @@ ALONE_ENV = "PERFGUARD_CONFIRM_ALONE"
 BATCH_TIME_FACTOR = 2.0
 
 
-def in_child() -> bool:
-    return os.environ.get(CHILD_ENV) == "1"
-
-
 def judged_alone() -> bool:
     """This process confirms a batch: every case in it is judged as if it ran alone."""
     return in_child() and os.environ.get(ALONE_ENV) == "1"
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 class CaseRun(Protocol):
@@ -598,22 +596,3 @@ def _say(config: pytest.Config, text: str) -> None:
     capture = config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture is not None else nullcontext():
         reporter.write_line(text)
-
-
-def batch_line(records: Sequence[CaseRecord]) -> str:
-    """The summary's account of batched confirmations; empty when there were none."""
-    batched = [r for r in records if (r.confirmation or {}).get("batch")]
-    if not batched:
-        return ""
-    counts: dict[str, int] = {}
-    for r in batched:
-        key = str(r.verdict)
-        if r.verdict is Status.REGRESSED:
-            confirmed = (r.confirmation or {}).get("verdict") == Status.REGRESSED
-            key += " (confirmed)" if confirmed else " (not confirmed: see the case's notes)"
-        counts[key] = counts.get(key, 0) + 1
-    parts = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
-    return (
-        f"perfguard: {len(batched)} regression(s) past the single confirmations (--perfguard-confirm-max) were "
-        f"confirmed together in one fresh process per session or xdist worker: {parts}"
-    )

@@ -8,7 +8,7 @@ runner wrote it, plus the file it came from::
      "runs": [{"source": "l4/results.json", "schema_version": 1, "device": {...}, "results": [...]}, ...]}
 
 Why a container and not one flat list: each run keeps its device (runners of several kinds each run
-their own cases), every record stays valid under the strict per-run loader (`results_io.parse_results`),
+their own cases), every record stays valid under the strict per-run loader (`results.parse_results`),
 and each source's device, run information and summary survive unchanged. Its own schema version counts
 the container layout; each run keeps the results schema it was written in, and runs written in different
 results schemas are not merged, because their records may mean different things. A merge also refuses
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 # The one place that names where the strict JSON reader and the atomic writer live.
-from .jsonio import load_json_text, write_text_atomic
-from .results_io import RESULTS_KIND, ResultsError, ResultsFile, parse_results
+from ..jsonio import load_json_text, write_text_atomic
+from .results import RESULTS_KIND, ResultsError, ResultsFile, parse_results
 
 MERGED_KIND = "perfguard-merged-results"
 MERGED_SCHEMA_VERSION = 1

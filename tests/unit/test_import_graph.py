@@ -1,0 +1,257 @@
+"""The package's parts and the one direction of imports between them, read from the source (ast).
+
+Floors, top to bottom; a module imports only its own part or a part on a lower floor, and two parts on
+one floor know nothing of each other:
+
+    commands, plugin     the `perfguard` command; the pytest hooks (the pytest11 entry point)
+    run                  one case through pytest: runner, session, confirmation, A/B base tree, xdist
+    report, measure      presenting records; taking the numbers
+    judge                decision rules, verdicts, the stored baseline, statistics
+    record               the typed record of one case (record.py, explanation.py)
+    base                 settings, the user's API (marker.py), strict JSON and locks, git
+
+Every import counts: at module level, inside a function and under TYPE_CHECKING, because each is a
+dependency a reader has to follow. No module-level cycle either. The package's ``__init__`` (the public
+names, loaded lazily) is left out: Python runs it before any submodule, so importing it adds no edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_perfguard"
+ROOT = PACKAGE.name
+
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("commands", "plugin"),
+    ("run",),
+    ("report", "measure"),
+    ("judge",),
+    ("record",),
+    ("base",),
+)
+# The modules directly in the package: the part each belongs to (subpackages are parts by their name).
+TOP_LEVEL = {
+    "plugin": "plugin",
+    "record": "record",
+    "explanation": "record",
+    "settings": "base",
+    "marker": "base",
+    "jsonio": "base",
+    "locks": "base",
+    "gitrev": "base",
+}
+FLOOR_OF = {part: n for n, parts in enumerate(FLOORS) for part in parts}
+
+Graph = dict[str, set[str]]
+
+
+def module_names(package: Path) -> dict[str, Path]:
+    """Dotted name -> file, for every module and subpackage of `package`."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = [package.name, *path.relative_to(package).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute name a `from ... import` names, relative or not."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports_of(module: str, path: Path, known: Mapping[str, Path]) -> Iterator[tuple[str, int]]:
+    """Each module of the package that `module` imports anywhere in its file, with the line."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known:
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, path.name == "__init__.py", node)
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in known:
+                    yield sub, node.lineno
+                elif target in known:
+                    yield target, node.lineno
+
+
+def import_graph(package: Path) -> tuple[Graph, dict[tuple[str, str], int]]:
+    """Module -> the modules it imports (the package root left out, see above), and each edge's line."""
+    known = module_names(package)
+    graph: Graph = {name: set() for name in known if name != package.name}
+    lines: dict[tuple[str, str], int] = {}
+    for name in graph:
+        for target, line in imports_of(name, known[name], known):
+            if target != package.name and target != name:
+                graph[name].add(target)
+                lines.setdefault((name, target), line)
+    return graph, lines
+
+
+def part_of(module: str, top_level: Mapping[str, str] = TOP_LEVEL) -> str:
+    """The part a module belongs to: its subpackage, or the group of a module directly in the package."""
+    first = module.split(".")[1]
+    return top_level.get(first, first) if module.count(".") == 1 else first
+
+
+def upward_imports(graph: Graph, lines: Mapping[tuple[str, str], int], floors: Sequence[Sequence[str]]) -> list[str]:
+    """Every import that goes up a floor or sideways between two parts of one floor, or touches a module of
+    no known part."""
+    floor_of = {part: n for n, parts in enumerate(floors) for part in parts}
+    problems = []
+    for module in sorted(graph):
+        if part_of(module) not in floor_of:
+            problems.append(f"{module}: belongs to no part; give it one in FLOORS or TOP_LEVEL ({Path(__file__).name})")
+            continue
+        for target in sorted(graph[module]):
+            src, dst = part_of(module), part_of(target)
+            if src == dst or dst not in floor_of:
+                continue
+            if floor_of[dst] <= floor_of[src]:
+                way = "up" if floor_of[dst] < floor_of[src] else "sideways"
+                problems.append(f"{module}:{lines[module, target]} imports {target} ({src} -> {dst}, {way})")
+    return problems
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan), as a path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(_path_through(sorted(component), graph))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _path_through(component: list[str], graph: Graph) -> list[str]:
+    """A cycle inside one strongly connected component, from its first module back to it."""
+    members, start = set(component), component[0]
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in sorted(graph[node] & members):
+            if nxt == start:
+                return [*paths[node], start]
+            if nxt not in paths:
+                paths[nxt] = [*paths[node], nxt]
+                queue.append(nxt)
+    raise AssertionError(f"no cycle through {component}")  # a component of more than one module has one
+
+
+def test_every_import_goes_down_the_floors() -> None:
+    graph, lines = import_graph(PACKAGE)
+    assert len(graph) > 30, f"found only {sorted(graph)} under {PACKAGE}"
+    problems = upward_imports(graph, lines, FLOORS)
+    assert not problems, "imports against the direction of the parts:\n" + "\n".join(problems)
+
+
+def test_no_import_cycle() -> None:
+    graph, _ = import_graph(PACKAGE)
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_every_part_is_on_a_floor() -> None:
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert subpackages <= set(FLOOR_OF), f"subpackages on no floor: {sorted(subpackages - set(FLOOR_OF))}"
+    assert set(TOP_LEVEL.values()) <= set(FLOOR_OF)
+
+
+def _write(root: Path, files: Mapping[str, str]) -> Path:
+    package = root / ROOT
+    for rel, text in files.items():
+        path = package / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return package
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        pytest.param(
+            {"judge/verdict.py": "from ..measure import timing\n", "measure/timing.py": ""},
+            "judge.verdict:1 imports pytest_perfguard.measure.timing (judge -> measure, up)",
+            id="up-a-floor",
+        ),
+        pytest.param(
+            {"report/view.py": "def f():\n    from ..measure.timing import Clock\n", "measure/timing.py": ""},
+            "report.view:2 imports pytest_perfguard.measure.timing (report -> measure, sideways)",
+            id="sideways-inside-a-function",
+        ),
+        pytest.param(
+            {
+                "marker.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .run import runner\n",
+                "run/runner.py": "",
+            },
+            "marker:3 imports pytest_perfguard.run.runner (base -> run, up)",
+            id="up-under-type-checking",
+        ),
+        pytest.param(
+            {"jsonio.py": "import pytest_perfguard.commands.cli\n", "commands/cli.py": ""},
+            "jsonio:1 imports pytest_perfguard.commands.cli (base -> commands, up)",
+            id="absolute",
+        ),
+    ],
+)
+def test_an_upward_import_is_found(tmp_path: Path, files: dict[str, str], expected: str) -> None:
+    """The check itself: a planted import against the floors is reported with its file and line."""
+    subpackages = {f"{d}/__init__.py": "" for d in ("commands", "run", "report", "measure", "judge")}
+    package = _write(tmp_path, {"__init__.py": "", **subpackages, **files})
+    graph, lines = import_graph(package)
+    assert upward_imports(graph, lines, FLOORS) == [f"{ROOT}.{expected}"]
+
+
+def test_a_cycle_is_found_and_a_downward_import_is_not_a_problem(tmp_path: Path) -> None:
+    package = _write(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "run/__init__.py": "",
+            "run/confirm.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .session import S\n",
+            "run/session.py": "from .. import settings\ndef f():\n    from .confirm import in_child\n",
+            "settings.py": "",
+        },
+    )
+    graph, lines = import_graph(package)
+    assert upward_imports(graph, lines, FLOORS) == []
+    assert cycles(graph) == [[f"{ROOT}.run.confirm", f"{ROOT}.run.session", f"{ROOT}.run.confirm"]]
