@@ -6,6 +6,7 @@ cases in one status order, so that no two of them print the same case differentl
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,10 +113,22 @@ def _label(key: str, value: Any) -> str:
 def shape_label(r: CaseRecord) -> str:
     """A short label of the case's parameters ("B4 H8 S128 D64", "S2048 D128 bf16 causal"): the table has
     120 columns for all of a case, and "B=4,H=8,dtype=torch.bfloat16,causal=False" spends most of them on noise.
-    Without parameters, the workload's description."""
+    Without recorded parameters, the test id's after the variant ("S64"), else the workload's description."""
     if r.params:
         return " ".join(t for t in (_label(k, v) for k, v in r.params.items()) if t)
-    return str(r.workload_desc or "")
+    return _id_label(r.id, r.variant) or str(r.workload_desc or "")
+
+
+def _id_label(case_id: str, variant: str) -> str:
+    """The parameters in a pytest id without the variant: "S64" of "test_x[v-S64]"; "" when none."""
+    bracket = re.search(r"\[(.*)\]$", case_id)
+    if not bracket:
+        return ""
+    label = bracket.group(1)
+    for prefix in (f"{variant}-", variant):
+        if variant and label.startswith(prefix):
+            return label[len(prefix) :]
+    return label
 
 
 # --------------------------------------------------------------------------------------------------- status

@@ -54,6 +54,13 @@ def test_figures_read_the_same_in_every_unit_and_range() -> None:
     assert formats.significant(12345.6) == "12346"
 
 
+def test_a_shape_is_labelled_by_its_parameters_else_its_id_else_its_workload() -> None:
+    with_params = CaseRecord(id="t.py::test_x[v-4-128]", variant="v", params={"B": 4, "S": 128})
+    assert shape_label(with_params) == "B4 S128"
+    assert shape_label(CaseRecord(id="t.py::test_x[v-S64]", variant="v")) == "S64"  # a file without params
+    assert shape_label(CaseRecord(id="t.py::test_x[v]", variant="v", workload_desc="float16[1,8]")) == "float16[1,8]"
+
+
 def test_one_case_reads_the_same_in_the_terminal_markdown_and_html(doc: dict[str, Any]) -> None:
     """The shape label and the figures of a case are the same strings in all three outputs."""
     records = _timed(doc)

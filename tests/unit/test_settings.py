@@ -16,7 +16,8 @@ pytest_plugins = ["pytester"]
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pytest_perfguard"
 # Not settings: what the plugin sets for the fresh confirmation process it starts (see settings.py).
-HAND_OFF = {"PERFGUARD_CONFIRMING", "PERFGUARD_SESSION_PIDS"}
+# Set by the plugin for its own fresh processes, never by a user: not settings.
+HAND_OFF = {"PERFGUARD_CONFIRMING", "PERFGUARD_CONFIRM_ALONE", "PERFGUARD_SESSION_PIDS"}
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
