@@ -47,12 +47,23 @@ def batch_pause():
         time.sleep(_PAUSE)
 """
 
+# A plugin that reads the item's fixtures when a report is made, as pytest-benchmark does: pytest clears
+# them at the end of an item's protocol, and the batch makes its reports after that.
+READS_FIXTURES = """
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    item.funcargs.get("benchmark")
+    yield
+"""
+
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     assert KERNEL in CONFTEST
     conftest = CONFTEST.replace(KERNEL, KERNEL + "        batch_pause()\n")
-    pytester.makeconftest(conftest + BROKEN_BATCH + SLOW_BATCH)
+    pytester.makeconftest(conftest + BROKEN_BATCH + SLOW_BATCH + READS_FIXTURES)
     (pytester.path / ".ci" / "baselines").mkdir(parents=True)
     return pytester
 

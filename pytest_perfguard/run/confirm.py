@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Generator, Sequence
-from contextlib import nullcontext
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -550,7 +550,8 @@ class Batch:
         )
         if not log:
             return
-        report: pytest.TestReport = item.ihook.pytest_runtest_makereport(item=item, call=call)
+        with _fixtures_cleared(item):
+            report: pytest.TestReport = item.ihook.pytest_runtest_makereport(item=item, call=call)
         first = next((r for r in w.reports if r.when == "call"), None)
         if first is not None:  # the call's own duration and output, not the conclusion's
             report.duration, report.start, report.stop = first.duration, first.start, first.stop
@@ -561,6 +562,21 @@ class Batch:
 
 
 BATCH = pytest.StashKey[Batch]()
+
+
+@contextmanager
+def _fixtures_cleared(item: pytest.Item) -> Iterator[None]:
+    """Around a report made after the item's protocol ended. pytest sets a function's `funcargs` to None at
+    that end, and plugins that read them while a report is made (pytest-benchmark: `item.funcargs.get(...)`)
+    would crash the session: they see an empty mapping meanwhile, the fixtures being torn down."""
+    if not hasattr(item, "funcargs") or item.funcargs is not None:
+        yield
+        return
+    item.funcargs = {}
+    try:
+        yield
+    finally:
+        item.funcargs = None
 
 
 def _waits(run: CaseRun, verdict: Verdict) -> bool:

@@ -98,7 +98,7 @@ EXPECTED = {
         r"[\d.e+]+ us per call on it vs [\d.e+]+ us on random data of the same shape",
     ),
     "patch_clock": ("flagged", r"patched timer: time\.perf_counter_ns"),
-    "patch_engine": ("flagged", r"patched timer: .*pytest_perfguard\.timing\._CpuSample\.__call__"),
+    "patch_engine": ("flagged", r"patched timer: .*pytest_perfguard\.measure\.timing\._CpuSample\.__call__"),
 }
 HONEST = {"honest", "sdpa", "honest16", "honest_degenerate"}
 
