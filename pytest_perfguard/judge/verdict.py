@@ -38,7 +38,7 @@ from typing import Any
 from ..record import Status
 from ..settings import DEFAULT_MARGIN
 from .baseline import BaselineEntry
-from .policy import MAX_SAMPLES, NOISE_K, case_threshold, sample_threshold
+from .policy import MACHINE_MOVED_RATIO_LIMIT, MAX_SAMPLES, NOISE_K, case_threshold, sample_threshold
 from .stats import Interval, combine_difference, log_interval, normal_quantile
 
 PASS = Status.PASS
@@ -354,6 +354,8 @@ def decide(
             gate_r.mde = minimum_detectable_effect(
                 dec_r, tau_r, max(stored.ratio_noise, policy.ratio_noise_floor), stored.runs, confirm=policy.confirm
             )
+            if against_blocks is not None:
+                _reference_far(gate_r, against_blocks, stored, conf)
             verdict.gates.append(gate_r)
     if max_ratio is not None and log_r is not None and log_r_dec is not None:
         verdict.gates.append(_max_ratio_gate(log_r, log_r_dec, max_ratio))
@@ -369,19 +371,43 @@ def _machine_moved(gate: Gate, against_blocks: Sequence[float], stored: Baseline
     model, or this one in another state (a baseline recorded on one H100 and guarded on another read small
     SDPA cases 6-11% slow, with their ratios within 0.6%: benchmarks/results/fresh_machine_2026-11-25). The
     time gate becomes not comparable and the ratio gate decides."""
-    stored_against = [x.against_ns for x in stored.samples if x.against_ns]
-    if gate.status not in (REGRESSED, FASTER) or not stored_against or len(stored_against) != len(stored.samples):
+    move = _reference_move(against_blocks, stored, conf) if gate.status in (REGRESSED, FASTER) else None
+    if move is None:
         return
-    centre = math.fsum(math.log(a) for a in stored_against) / len(stored_against)
-    now = log_interval(against_blocks, conf)
-    lo, hi = now.lo - centre, now.hi - centre
-    if (gate.status is REGRESSED and lo > tau) or (gate.status is FASTER and hi < -tau):
-        moved = math.expm1(now.estimate - centre)
+    if (gate.status is REGRESSED and move.lo > tau) or (gate.status is FASTER and move.hi < -tau):
+        moved = math.expm1(move.estimate)
         where = "slower" if moved > 0 else "faster"
         gate.status = NOT_COMPARABLE
         gate.reason = (
             f"not comparable: {gate.reason}; {MACHINE_MOVED} {moved * 100:+.1f}% too: this GPU runs {where} than "
             "when the baseline was recorded, so the ratio gate decides"
+        )
+
+
+def _reference_move(against_blocks: Sequence[float], stored: BaselineEntry, conf: float) -> Interval | None:
+    """How far the reference ran from its stored centre (the mean of its processes' log medians), as a log
+    interval at the decision level; None when the entry lacks a reference time for any of its processes."""
+    stored_against = [x.against_ns for x in stored.samples if x.against_ns]
+    if not stored_against or len(stored_against) != len(stored.samples):
+        return None
+    centre = math.fsum(math.log(a) for a in stored_against) / len(stored_against)
+    now = log_interval(against_blocks, conf)
+    return Interval(now.estimate - centre, now.lo - centre, now.hi - centre, now.confidence, now.n)
+
+
+def _reference_far(gate: Gate, against_blocks: Sequence[float], stored: BaselineEntry, conf: float) -> None:
+    """A ratio gate that failed (or called the case faster) while the reference ran further from its stored
+    centre than policy.MACHINE_MOVED_RATIO_LIMIT: the machine was in a state the baseline never saw, where
+    variant and reference need not slow alike, so the ratio does not decide either: inconclusive."""
+    move = _reference_move(against_blocks, stored, conf) if gate.status in (REGRESSED, FASTER) else None
+    limit = math.log1p(MACHINE_MOVED_RATIO_LIMIT)
+    if move is not None and (move.lo > limit or move.hi < -limit):
+        moved = math.expm1(move.estimate)
+        gate.status = INCONCLUSIVE
+        gate.reason = (
+            f"inconclusive: {gate.reason}, but the reference itself ran {moved * 100:+.1f}% from its stored time "
+            f"(beyond {MACHINE_MOVED_RATIO_LIMIT:.0%}): this GPU was in another state, where a ratio is not "
+            "judged; run again"
         )
 
 

@@ -162,3 +162,21 @@ def test_two_processes_judged_together_pass_within_the_threshold_and_not_beyond(
         policy.process_mean([1.1, 0.0])
     with pytest.raises(ValueError):
         policy.process_mean([])
+
+
+def test_a_ratio_taken_while_the_reference_ran_far_from_its_stored_time_decides_nothing() -> None:
+    """Fresh H200 (2026-11-26): the reference ran +31% from its stored time during one case and the ratio read
+    +9%, though the case read as stored in the next runs. Past policy.MACHINE_MOVED_RATIO_LIMIT the ratio
+    gate calls neither a regression nor a speed-up; below it the ratio still decides."""
+    stored = _sampled([1000.0, 1002.0, 998.0], [800.0, 801.0, 799.0])
+    policy_ = vd.Policy(margin=0.05, noise_floor=0.005, ratio_noise_floor=0.005)
+    kw = {"workload": "w", "env": {}, "policy": policy_, "max_ratio": None, "incomparable": []}
+    far = vd.decide(_blocks(1430.0), _blocks(1050.0, seed=2), stored, **kw)  # reference +31%, ratio +9%
+    time_gate, ratio_gate = far.gates
+    assert time_gate.status is vd.NOT_COMPARABLE
+    assert ratio_gate.status is vd.INCONCLUSIVE and "the reference itself ran +31.1%" in ratio_gate.reason
+    assert far.status is vd.INCONCLUSIVE
+    faster = vd.decide(_blocks(1150.0), _blocks(1050.0, seed=2), stored, **kw)  # ratio -12%, reference +31%
+    assert faster.gates[1].status is vd.INCONCLUSIVE
+    near = vd.decide(_blocks(1200.0), _blocks(880.0, seed=2), stored, **kw)  # reference +10%, ratio +9%
+    assert [g.status for g in near.gates] == [vd.NOT_COMPARABLE, vd.REGRESSED]
