@@ -294,6 +294,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.write_sep(
         "=", f"perfguard: {info.get('name')} ({state.settings.device}), torch {info.get('torch')}"
     )
+    if getattr(config.option, "numprocesses", None):  # the title names the controller's GPU, not the workers'
+        for line in xd.gpu_header(config, state.settings):
+            terminalreporter.write_line(line)
     if state.base is not None:  # pytest's own header is gone under -q; the table must say what it compared with
         terminalreporter.write_line(f"perfguard: against {state.base.describe()}")
         for use in state.base.offsets or ():

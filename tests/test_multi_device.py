@@ -65,6 +65,21 @@ def test_a_run_of_flagged_cases_only_does_not_ask_for_a_baseline(flagged: pytest
     assert "new (no baseline" not in out and "no timed case was compared with anything" not in out
 
 
+@pytest.mark.slow
+def test_the_summary_of_a_run_over_workers_names_their_gpus(
+    flagged: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under -q pytest's header is gone, and the summary's title names the controller's device: a run over
+    xdist workers lists the GPUs they used below it (gpu_header, faked here: this host has no GPU)."""
+    said = "perfguard: GPUs used: cuda:0, cuda:1 (a fake GPU), one xdist worker each"
+    monkeypatch.setattr(xd, "gpu_header", lambda config, settings: [said])
+    result = run(flagged, MODES["n2"], "--perfguard", "-q", "-k", "not stale")
+    result.assert_outcomes(passed=4)
+    assert said in result.stdout.str().splitlines()
+    alone = run(flagged, MODES["n0"], "--perfguard", "-q", "-k", "not stale")
+    assert said not in alone.stdout.str()
+
+
 # ---------------------------------------------------------------------------------------- one host, N GPUs
 
 H100 = "NVIDIA H100 80GB HBM3"
