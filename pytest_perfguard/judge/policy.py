@@ -43,8 +43,9 @@ DISCORD_CI_K = 4.0
 # machines or record the baseline on this one (session._compared; the rule itself: verdict._machine_moved).
 MACHINE_MOVED_SHARE = 0.25
 # A ratio to the reference cancels a machine that runs uniformly slower or faster, not one in another state.
-# Where the reference ran this far from its stored centre during the case (beyond it at the decision level),
-# the ratio gate does not call a regression or a speed-up either: inconclusive. Measured: across H100 hosts
+# Where the machine moved (the time gate's "the reference moved": variant and reference alike) and the
+# reference ran this far from its stored centre during the case (beyond it at the decision level), the ratio
+# gate does not call a regression or a speed-up either: inconclusive. Measured: across H100 hosts
 # the reference moved 6-11% with ratios within 0.6% (2026-11-25); on a freshly started H200 the reference
 # moved +31% and +47% in two processes for one case while its ratio read +9.2% and +9.8%, and 16.6 us
 # against 16.1 us stored in the next two runs (2026-11-26). The limit sits between those; its exact place

@@ -341,8 +341,7 @@ def decide(
         gate.mde = minimum_detectable_effect(
             dec, tau, max(stored.noise, policy.noise_floor), stored.runs, confirm=policy.confirm
         )
-        if against_blocks is not None:
-            _machine_moved(gate, against_blocks, stored, tau, conf)
+        moved = against_blocks is not None and _machine_moved(gate, against_blocks, stored, tau, conf)
         verdict.gates.append(gate)
         if log_r is not None and log_r_dec is not None and stored.ratio is not None:
             shown_r = combine_difference(
@@ -354,7 +353,7 @@ def decide(
             gate_r.mde = minimum_detectable_effect(
                 dec_r, tau_r, max(stored.ratio_noise, policy.ratio_noise_floor), stored.runs, confirm=policy.confirm
             )
-            if against_blocks is not None:
+            if moved and against_blocks is not None:
                 _reference_far(gate_r, against_blocks, stored, conf)
             verdict.gates.append(gate_r)
     if max_ratio is not None and log_r is not None and log_r_dec is not None:
@@ -365,15 +364,15 @@ def decide(
 MACHINE_MOVED = "the reference moved"  # in the reason of a time gate the machine made not comparable
 
 
-def _machine_moved(gate: Gate, against_blocks: Sequence[float], stored: BaselineEntry, tau: float, conf: float) -> None:
+def _machine_moved(gate: Gate, against_blocks: Sequence[float], stored: BaselineEntry, tau: float, conf: float) -> bool:
     """A time gate that failed (or called the case faster) while the reference timed in the same blocks
     moved past the same threshold, the same way, is the machine, not the code: another host of the same
     model, or this one in another state (a baseline recorded on one H100 and guarded on another read small
     SDPA cases 6-11% slow, with their ratios within 0.6%: benchmarks/results/fresh_machine_2026-11-25). The
-    time gate becomes not comparable and the ratio gate decides."""
+    time gate becomes not comparable and the ratio gate decides (True)."""
     move = _reference_move(against_blocks, stored, conf) if gate.status in (REGRESSED, FASTER) else None
     if move is None:
-        return
+        return False
     if (gate.status is REGRESSED and move.lo > tau) or (gate.status is FASTER and move.hi < -tau):
         moved = math.expm1(move.estimate)
         where = "slower" if moved > 0 else "faster"
@@ -382,6 +381,8 @@ def _machine_moved(gate: Gate, against_blocks: Sequence[float], stored: Baseline
             f"not comparable: {gate.reason}; {MACHINE_MOVED} {moved * 100:+.1f}% too: this GPU runs {where} than "
             "when the baseline was recorded, so the ratio gate decides"
         )
+        return True
+    return False
 
 
 def _reference_move(against_blocks: Sequence[float], stored: BaselineEntry, conf: float) -> Interval | None:
@@ -396,9 +397,11 @@ def _reference_move(against_blocks: Sequence[float], stored: BaselineEntry, conf
 
 
 def _reference_far(gate: Gate, against_blocks: Sequence[float], stored: BaselineEntry, conf: float) -> None:
-    """A ratio gate that failed (or called the case faster) while the reference ran further from its stored
-    centre than policy.MACHINE_MOVED_RATIO_LIMIT: the machine was in a state the baseline never saw, where
-    variant and reference need not slow alike, so the ratio does not decide either: inconclusive."""
+    """A ratio gate that failed (or called the case faster) where the machine moved (_machine_moved: variant
+    and reference alike) and the reference ran further from its stored centre than
+    policy.MACHINE_MOVED_RATIO_LIMIT: the machine was in a state the baseline never saw, where variant and
+    reference need not slow alike, so the ratio does not decide either: inconclusive. A reference that moved
+    alone (SDPA faster after an upgrade, the variant as stored) is not this: the ratio gate decides that."""
     move = _reference_move(against_blocks, stored, conf) if gate.status in (REGRESSED, FASTER) else None
     limit = math.log1p(MACHINE_MOVED_RATIO_LIMIT)
     if move is not None and (move.lo > limit or move.hi < -limit):

@@ -464,17 +464,61 @@ def measure(
     """
     rng = rng or random.Random()
     t_start = timer.now_ns()
-    budget_ns = cfg.budget_s * 1e9
-    makers: dict[str, Callable[[int], Call]] = {"v": variant}
-    if against is not None:
-        makers["a"] = against
-    if base is not None:
-        makers["b"] = base
+    sides = {"v": variant, "a": against, "b": base}
+    makers, kept = _keeping_outputs({side: make for side, make in sides.items() if make is not None})
+    size = _size(makers, timer, cfg, copies, bytes_per_copy, recapture=base is not None)
 
-    # Every side keeps the output of its last call on each copy (the integrity checks read the variant's).
-    # All sides alike: a side whose outputs were dropped would let the allocator (a CUDA graph's pool) give
-    # all its copies one output buffer, a smaller write footprint than the others', and read faster. Keeping
-    # only the head's outputs was the one asymmetry left when A/A runs read a head/base bias of +0.1-0.2%.
+    def prepare() -> dict[str, PreparedSample]:
+        order = list(makers)
+        rng.shuffle(order)  # capture and allocation order: no side is always first
+        prepared = {side: timer.prepare([makers[side](i) for i in range(size.reps)]) for side in order}
+        for side in order:
+            prepared[side]()  # one discarded sample each: first replays pay for lazy setup
+        return prepared
+
+    samples = prepare()
+    tally = _Tally({side: [] for side in makers})
+    stop_reason = "max_blocks"
+    if watch is not None:
+        watch.start()
+    while len(tally.blocks["v"]) < cfg.max_blocks:
+        n = len(tally.blocks["v"])
+        if size.every and n and n % size.every == 0:
+            samples.clear()  # free the old graphs first: two sets of captures of a large case need twice the memory
+            samples = prepare()
+        tally.block(samples, rng, size, n)
+        if on_block is not None:
+            tally.seen(on_block())
+        if watch is not None:
+            tally.seen(watch.block())
+        n += 1
+        spent = timer.now_ns() - t_start
+        if on_progress is not None:
+            now = {side: list(v) for side, v in tally.blocks.items()}
+            widest = partial(_widest, now, list(tally.groups), cfg)
+            on_progress(Progress(n, spent / 1e9, cfg.budget_s, cfg.target, widest))
+        if n >= size.min_blocks and spent >= cfg.min_time_s * 1e9 and _narrow(tally.blocks, tally.groups, cfg):
+            stop_reason = "target"
+            break
+        if spent >= cfg.budget_s * 1e9 and n >= min(size.min_blocks, 6):
+            stop_reason = "budget"
+            break
+    if watch is not None:
+        for problem in watch.stop():
+            tally.seen(problem)
+    return tally.measurement(
+        cfg, size, stop_reason, (timer.now_ns() - t_start) / 1e9, samples["v"], timer.kind, kept["v"], base is not None
+    )
+
+
+def _keeping_outputs(
+    makers: dict[str, Callable[[int], Call]],
+) -> tuple[dict[str, Callable[[int], Call]], dict[str, dict[int, object]]]:
+    """The sides' call makers, each call keeping the output of its last run on each copy (the integrity
+    checks read the variant's). All sides alike: a side whose outputs were dropped would let the allocator (a
+    CUDA graph's pool) give all its copies one output buffer, a smaller write footprint than the others',
+    and read faster. Keeping only the head's outputs was the one asymmetry left when A/A runs read a
+    head/base bias of +0.1-0.2%."""
     kept: dict[str, dict[int, object]] = {side: {} for side in makers}
 
     def recording(side: str, make: Callable[[int], Call]) -> Callable[[int], Call]:
@@ -490,9 +534,31 @@ def measure(
 
         return maker
 
-    makers = {side: recording(side, make) for side, make in makers.items()}
-    outputs = kept["v"]
-    # Warm-up outside the measurement: JIT, autotune, lazy module loading, allocator growth.
+    return {side: recording(side, make) for side, make in makers.items()}, kept
+
+
+@dataclass(frozen=True)
+class _Size:
+    """How a measurement samples: calls per sample, samples per block, the blocks it needs at least, and
+    every how many blocks the A/B sides are captured afresh (0: never)."""
+
+    reps: int
+    samples_per_block: int
+    min_blocks: int
+    every: int
+
+
+def _size(
+    makers: dict[str, Callable[[int], Call]],
+    timer: Timer,
+    cfg: MeasureConfig,
+    copies: int | None,
+    bytes_per_copy: int,
+    *,
+    recapture: bool,
+) -> _Size:
+    """Warm-up outside the measurement (JIT, autotune, lazy module loading, allocator growth), then the
+    sample size from the slowest side's single call."""
     firsts = {side: make(0) for side, make in makers.items()}
     for _ in range(cfg.warmup_calls):
         for call in firsts.values():
@@ -503,95 +569,81 @@ def measure(
         # Only a call shorter than a sample can be misread by launch latency; a long one's graphs would
         # only hold memory (a large case's A/B sides ran out of it on an H100).
         reps, single = refine_reps(makers, timer, cfg, reps, single, bytes_per_copy)
-    every = cfg.recapture_every if base is not None else 0
+    every = cfg.recapture_every if recapture else 0
     min_blocks = max(cfg.min_blocks, cfg.min_groups * every) if every else cfg.min_blocks
     # Slow calls get fewer samples per block, so min_blocks blocks still fit the budget where possible.
     per_block_ns = single * reps * len(makers)
+    budget_ns = cfg.budget_s * 1e9
     spb = int(max(1, min(cfg.samples_per_block, budget_ns // max(min_blocks * per_block_ns, 1.0))))
+    return _Size(reps, spb, min_blocks, every)
 
-    def prepare() -> dict[str, PreparedSample]:
-        order = list(makers)
-        rng.shuffle(order)  # capture and allocation order: no side is always first
-        prepared = {side: timer.prepare([makers[side](i) for i in range(reps)]) for side in order}
-        for side in order:
-            prepared[side]()  # one discarded sample each: first replays pay for lazy setup
-        return prepared
 
-    samples = prepare()
-    blocks: dict[str, list[float]] = {side: [] for side in makers}
-    groups: list[int] = []
-    wall_ratios: list[float] = []
-    gaps: list[float] = []
-    sample_times: list[float] = []
-    notes: list[str] = []
-    stop_reason = "max_blocks"
+@dataclass
+class _Tally:
+    """What a measurement's blocks have measured so far: each side's block medians, the capture group of
+    each block, the variant's wall/device ratios, launch gaps and sample times, and the disturbances seen."""
 
-    def seen(problem: str | None) -> None:
-        if problem and problem not in notes:
-            notes.append(problem)
+    blocks: dict[str, list[float]]
+    groups: list[int] = field(default_factory=list)
+    wall_ratios: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    sample_times: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
-    if watch is not None:
-        watch.start()
-    while len(blocks["v"]) < cfg.max_blocks:
-        n = len(blocks["v"])
-        if every and n and n % every == 0:
-            samples.clear()  # free the old graphs first: two sets of captures of a large case need twice the memory
-            samples = prepare()
-        per_side: dict[str, list[float]] = {side: [] for side in makers}
-        for _ in range(spb):
-            order = list(makers)
+    def seen(self, problem: str | None) -> None:
+        if problem and problem not in self.notes:
+            self.notes.append(problem)
+
+    def block(self, samples: dict[str, PreparedSample], rng: random.Random, size: _Size, n: int) -> None:
+        """Block `n`: samples of every side, in a fresh random order each round; each side's median kept."""
+        per_side: dict[str, list[float]] = {side: [] for side in self.blocks}
+        for _ in range(size.samples_per_block):
+            order = list(self.blocks)
             rng.shuffle(order)
             for side in order:
                 s = samples[side]()
                 per_side[side].append(s.device_ns)
                 if side == "v" and s.device_ns > 0:
-                    wall_ratios.append(s.wall_ns / s.device_ns)
-                    gaps.append(s.gap_ns)
-                    sample_times.append(s.device_ns * reps)
-        for side in makers:
-            blocks[side].append(statistics.median(per_side[side]))
-        groups.append(n // every if every else 0)
-        if on_block is not None:
-            seen(on_block())
-        if watch is not None:
-            seen(watch.block())
-        n += 1
-        spent = timer.now_ns() - t_start
-        if on_progress is not None:
-            now = {side: list(v) for side, v in blocks.items()}
-            on_progress(Progress(n, spent / 1e9, cfg.budget_s, cfg.target, partial(_widest, now, list(groups), cfg)))
-        if n >= min_blocks and spent >= cfg.min_time_s * 1e9 and _narrow(blocks, groups, cfg):
-            stop_reason = "target"
-            break
-        if spent >= budget_ns and n >= min(min_blocks, 6):
-            stop_reason = "budget"
-            break
-    if watch is not None:
-        for problem in watch.stop():
-            seen(problem)
-    log_t, log_r = _intervals(blocks["v"], blocks.get("a"), cfg.confidence)
-    elapsed = (timer.now_ns() - t_start) / 1e9
-    return Measurement(
-        variant_blocks=blocks["v"],
-        against_blocks=blocks.get("a"),
-        time=log_t.exp(),
-        ratio=log_r.exp() if log_r is not None else None,
-        log_time=log_t,
-        log_ratio=log_r,
-        stop_reason=stop_reason,
-        reps=reps,
-        samples_per_block=spb,
-        mode=getattr(samples["v"], "mode", timer.kind),
-        elapsed_s=elapsed,
-        wall_ratio=statistics.median(wall_ratios) if wall_ratios else 1.0,
-        notes=notes,
-        base_blocks=blocks.get("b"),
-        groups=groups if base is not None else None,
-        gap_ns=statistics.median(gaps) if gaps else 0.0,
-        sample_ns=statistics.median(sample_times) if sample_times else 0.0,
-        sample=samples["v"],
-        outputs=outputs,
-    )
+                    self.wall_ratios.append(s.wall_ns / s.device_ns)
+                    self.gaps.append(s.gap_ns)
+                    self.sample_times.append(s.device_ns * size.reps)
+        for side in self.blocks:
+            self.blocks[side].append(statistics.median(per_side[side]))
+        self.groups.append(n // size.every if size.every else 0)
+
+    def measurement(
+        self,
+        cfg: MeasureConfig,
+        size: _Size,
+        stop_reason: str,
+        elapsed_s: float,
+        sample: PreparedSample,
+        kind: str,
+        outputs: dict[int, object],
+        ab: bool,
+    ) -> Measurement:
+        log_t, log_r = _intervals(self.blocks["v"], self.blocks.get("a"), cfg.confidence)
+        return Measurement(
+            variant_blocks=self.blocks["v"],
+            against_blocks=self.blocks.get("a"),
+            time=log_t.exp(),
+            ratio=log_r.exp() if log_r is not None else None,
+            log_time=log_t,
+            log_ratio=log_r,
+            stop_reason=stop_reason,
+            reps=size.reps,
+            samples_per_block=size.samples_per_block,
+            mode=getattr(sample, "mode", kind),
+            elapsed_s=elapsed_s,
+            wall_ratio=statistics.median(self.wall_ratios) if self.wall_ratios else 1.0,
+            notes=self.notes,
+            base_blocks=self.blocks.get("b"),
+            groups=self.groups if ab else None,
+            gap_ns=statistics.median(self.gaps) if self.gaps else 0.0,
+            sample_ns=statistics.median(self.sample_times) if self.sample_times else 0.0,
+            sample=sample,
+            outputs=outputs,
+        )
 
 
 def _narrow(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfig) -> bool:

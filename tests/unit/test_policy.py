@@ -165,9 +165,10 @@ def test_two_processes_judged_together_pass_within_the_threshold_and_not_beyond(
 
 
 def test_a_ratio_taken_while_the_reference_ran_far_from_its_stored_time_decides_nothing() -> None:
-    """Fresh H200 (2026-11-26): the reference ran +31% from its stored time during one case and the ratio read
-    +9%, though the case read as stored in the next runs. Past policy.MACHINE_MOVED_RATIO_LIMIT the ratio
-    gate calls neither a regression nor a speed-up; below it the ratio still decides."""
+    """Fresh H200 (2026-11-26): variant and reference ran +43% and +31% from their stored times during one
+    case and the ratio read +9%, though the case read as stored in the next runs. Where the machine moved
+    past policy.MACHINE_MOVED_RATIO_LIMIT the ratio gate calls neither a regression nor a speed-up; below
+    it, or where the reference moved alone, the ratio still decides."""
     stored = _sampled([1000.0, 1002.0, 998.0], [800.0, 801.0, 799.0])
     policy_ = vd.Policy(margin=0.05, noise_floor=0.005, ratio_noise_floor=0.005)
     kw = {"workload": "w", "env": {}, "policy": policy_, "max_ratio": None, "incomparable": []}
@@ -180,3 +181,6 @@ def test_a_ratio_taken_while_the_reference_ran_far_from_its_stored_time_decides_
     assert faster.gates[1].status is vd.INCONCLUSIVE
     near = vd.decide(_blocks(1200.0), _blocks(880.0, seed=2), stored, **kw)  # reference +10%, ratio +9%
     assert [g.status for g in near.gates] == [vd.NOT_COMPARABLE, vd.REGRESSED]
+    # the reference alone 40% faster (an upgrade), the variant as stored: the variant lost ground
+    alone = vd.decide(_blocks(1000.0), _blocks(480.0, seed=2), stored, **kw)
+    assert [g.status for g in alone.gates] == [vd.PASS, vd.REGRESSED]
