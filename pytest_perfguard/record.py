@@ -66,6 +66,91 @@ def _interval(value: Any) -> Interval | None:
     return (float(lo), float(hi))
 
 
+GATE_FIELDS = ("gate", "status", "estimate", "ci", "threshold", "reason", "mde")
+
+
+def _optional_number(obj: dict[str, Any], key: str) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise RecordError(f"gate field {key!r} must be a number or null, got {json.dumps(value)[:60]}")
+    return float(value)
+
+
+@dataclass
+class Gate:
+    """One gate's decision (judge/verdict.py): an estimate on the ratio scale (1.03 = 3% slower), its 95%
+    interval, the threshold it was judged at and why. In a record's JSON it is an object keyed "gate",
+    "status", "estimate", "ci", "threshold", "reason", "mde" (`to_json`)."""
+
+    name: str  # "baseline", "ratio", "max_ratio", "ab"
+    status: Status
+    estimate: float | None = None  # ratio scale: now/baseline, ratio/baseline ratio, or ratio
+    lo: float | None = None
+    hi: float | None = None
+    threshold: float | None = None
+    reason: str = ""
+    mde: float | None = None  # minimum detectable effect at verdict.MDE_POWER, a fraction (0.071 is +7.1%)
+
+    @property
+    def ci(self) -> tuple[float, float] | None:
+        """The 95% interval, when both its ends are known."""
+        return None if self.lo is None or self.hi is None else (self.lo, self.hi)
+
+    @property
+    def band(self) -> tuple[float, float] | None:
+        """The margin band: slower than its top is a regression, faster than its bottom is 'faster'.
+        A cap gate (max_ratio) has no band: its threshold is an absolute ratio, not a change."""
+        if self.threshold is None or self.threshold <= 1.0 or self.name.startswith("max"):
+            return None
+        return 1.0 / self.threshold, self.threshold
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gate": self.name,
+            "status": self.status.value,
+            "estimate": self.estimate,
+            "ci": [self.lo, self.hi] if self.lo is not None else None,
+            "threshold": self.threshold,
+            "reason": self.reason,
+            "mde": self.mde,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Gate:
+        """The inverse of `to_json`. Unknown fields are an error, as in a record."""
+        if not isinstance(obj, dict):
+            raise RecordError(f"a gate must be a JSON object, got {type(obj).__name__}")
+        unknown = sorted(set(obj) - set(GATE_FIELDS))
+        if unknown:
+            raise RecordError(f"unknown gate field(s) {unknown}")
+        name = obj.get("gate")
+        if not isinstance(name, str) or not name:
+            raise RecordError(f"a gate needs a 'gate' name, got {json.dumps(name)[:60]}")
+        try:
+            status = Status(obj.get("status"))
+        except ValueError as exc:
+            raise RecordError(f"gate {name!r}: {exc}") from None
+        ci = obj.get("ci")
+        if ci is not None and (not isinstance(ci, list | tuple) or len(ci) != 2):
+            raise RecordError(f"gate {name!r}: field 'ci' must be [low, high] or null, got {json.dumps(ci)[:60]}")
+        reason = obj.get("reason") or ""
+        if not isinstance(reason, str):
+            raise RecordError(f"gate {name!r}: field 'reason' must be a string, got {json.dumps(reason)[:60]}")
+        bounds = {"lo": ci[0], "hi": ci[1]} if ci is not None else {}
+        return cls(
+            name=name,
+            status=status,
+            estimate=_optional_number(obj, "estimate"),
+            lo=_optional_number(bounds, "lo"),
+            hi=_optional_number(bounds, "hi"),
+            threshold=_optional_number(obj, "threshold"),
+            reason=reason,
+            mde=_optional_number(obj, "mde"),
+        )
+
+
 @dataclass
 class CaseRecord:
     """What one perf case did in one process. Timing fields stay None for a case that was not timed."""
@@ -109,7 +194,7 @@ class CaseRecord:
     # add to the case's device time.
     case_s: float | None = None
     # judgement
-    gates: list[dict[str, Any]] = field(default_factory=list)
+    gates: list[Gate] = field(default_factory=list)
     mde: float | None = None
     notes: list[str] = field(default_factory=list)
     disturbances: list[str] = field(default_factory=list)
@@ -128,8 +213,8 @@ class CaseRecord:
     def timed(self) -> bool:
         return self.median_ns is not None
 
-    def gate(self, name: str) -> dict[str, Any] | None:
-        return next((g for g in self.gates if g.get("gate") == name), None)
+    def gate(self, name: str) -> Gate | None:
+        return next((g for g in self.gates if g.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
         """A plain JSON object: enums as their words, intervals as lists, unset fields left out."""
@@ -144,6 +229,8 @@ class CaseRecord:
                 value = list(value)
             elif isinstance(value, Explanation):
                 value = value.to_json()
+            elif f.name == "gates":
+                value = [g.to_json() for g in value]
             out[f.name] = value
         return out
 
@@ -165,6 +252,10 @@ class CaseRecord:
             raise RecordError(str(exc)) from None
         for key in ("ci_ns", "ratio_ci"):
             data[key] = _interval(data.get(key))
+        gates = data.get("gates") or []
+        if not isinstance(gates, list):
+            raise RecordError(f"field 'gates' must be a list, got {type(gates).__name__}")
+        data["gates"] = [Gate.from_json(g) for g in gates]
         try:
             data["explain"] = None if data.get("explain") is None else Explanation.from_json(data["explain"])
         except Invalid as exc:

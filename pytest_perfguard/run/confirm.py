@@ -206,7 +206,7 @@ def _kept(child: CaseRecord | str, spent: float) -> dict[str, Any]:
         "median_ns": child.median_ns,
         "ci_ns": list(child.ci_ns) if child.ci_ns else None,
         "ratio": child.ratio,
-        "gates": child.gates,
+        "gates": [g.to_json() for g in child.gates],
         "reasons": child.reasons,
         "elapsed_s": spent,
     }
@@ -275,10 +275,10 @@ def settle(
         what = "the regression" if claim is Status.REGRESSED else "the verdict"
         return _noted(verdict, claim, info, f"confirmation failed{within}, {what} stands: {child}")
     first = next((g.reason for g in verdict.gates if g.status is claim and g.reason), str(claim))
-    again = next((g.get("reason") for g in child.gates if g.get("status") == claim), None)
+    again = next((g.reason for g in child.gates if g.status is claim), None)
     if child.verdict is claim:
         return _noted(verdict, claim, info, f"confirmed in a fresh process{within}: {again or claim}")
-    shown = next((g.get("reason") for g in child.gates if g.get("gate") in shown_gates), None)
+    shown = next((g.reason for g in child.gates if g.name in shown_gates), None)
     text = (
         f"not confirmed: {first} in this process, but {child.verdict} in a fresh one"
         + (f" ({shown})" if shown else "")
@@ -322,12 +322,12 @@ def _two_processes(run: CaseRun, verdict: Verdict, child: CaseRecord) -> tuple[S
                 return None
             continue  # an inconclusive max_ratio keeps the case inconclusive
         there = child.gate(gate.name)
-        if gate.estimate is None or there is None or there.get("estimate") is None:
+        if gate.estimate is None or there is None or there.estimate is None:
             return None
-        if there.get("status") == Status.NOT_COMPARABLE:
+        if there.status is Status.NOT_COMPARABLE:
             return None
         limit = _mean_limit(run, stored, gate)
-        readings = [gate.estimate, float(there["estimate"])]
+        readings = [gate.estimate, there.estimate]
         ok = within_together(readings, limit)
         if ok:
             passed.append(gate)

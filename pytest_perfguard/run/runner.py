@@ -790,7 +790,7 @@ class Runner:
     ) -> None:
         """The judged record: gates, notes and verdict, and the failure of a regression (or under --strict)."""
         s = self.state.settings
-        record.gates = [g.to_json() for g in verdict.gates]
+        record.gates = [replace(g) for g in verdict.gates]  # copies: the record keeps what was judged
         record.mde = case_mde(verdict.deciding_gates(), variant_is_against=variant_is_against)
         record.notes, record.disturbances = [*record.notes, *verdict.notes], verdict.disturbances
         record.verdict = status

@@ -445,11 +445,7 @@ def attach(path: Path, case_id: str, explanation: Explanation) -> None:
 
 def _worst_first(record: CaseRecord) -> float:
     """The largest change among the gates that found the regression (1.3 = 30% slower)."""
-    estimates = [
-        float(g["estimate"])
-        for g in record.gates
-        if g.get("status") == Status.REGRESSED and isinstance(g.get("estimate"), int | float)
-    ]
+    estimates = [g.estimate for g in record.gates if g.status is Status.REGRESSED and g.estimate is not None]
     return -max(estimates, default=0.0)
 
 
