@@ -69,13 +69,51 @@ def _interval(value: Any) -> Interval | None:
 GATE_FIELDS = ("gate", "status", "estimate", "ci", "threshold", "reason", "mde")
 
 
-def _optional_number(obj: dict[str, Any], key: str) -> float | None:
+def _fields(obj: Any, allowed: tuple[str, ...], what: str) -> dict[str, Any]:
+    """`obj` as a JSON object of no other fields than `allowed`; a RecordError naming `what` otherwise."""
+    if not isinstance(obj, dict):
+        raise RecordError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(allowed))
+    if unknown:
+        raise RecordError(f"unknown {what} field(s) {unknown}")
+    return obj
+
+
+def _optional_number(obj: dict[str, Any], key: str, what: str) -> float | None:
     value = obj.get(key)
     if value is None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool):
-        raise RecordError(f"gate field {key!r} must be a number or null, got {json.dumps(value)[:60]}")
+        raise RecordError(f"{what} field {key!r} must be a number or null, got {json.dumps(value)[:60]}")
     return float(value)
+
+
+def _optional_string(obj: dict[str, Any], key: str, what: str) -> str | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RecordError(f"{what} field {key!r} must be a string or null, got {json.dumps(value)[:60]}")
+    return value
+
+
+def _list(obj: dict[str, Any], key: str, what: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RecordError(f"{what} field {key!r} must be a list, got {json.dumps(value)[:60]}")
+    return value
+
+
+def _optional_interval(obj: dict[str, Any], key: str, what: str) -> Interval | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise RecordError(f"{what} field {key!r} must be [low, high] or null, got {json.dumps(value)[:60]}")
+    lo, hi = (_optional_number({f"{key}[{i}]": x}, f"{key}[{i}]", what) for i, x in enumerate(value))
+    if lo is None or hi is None:
+        raise RecordError(f"{what} field {key!r} must be [low, high] or null, got {json.dumps(value)[:60]}")
+    return lo, hi
 
 
 @dataclass
@@ -120,34 +158,96 @@ class Gate:
     @classmethod
     def from_json(cls, obj: Any) -> Gate:
         """The inverse of `to_json`. Unknown fields are an error, as in a record."""
-        if not isinstance(obj, dict):
-            raise RecordError(f"a gate must be a JSON object, got {type(obj).__name__}")
-        unknown = sorted(set(obj) - set(GATE_FIELDS))
-        if unknown:
-            raise RecordError(f"unknown gate field(s) {unknown}")
+        obj = _fields(obj, GATE_FIELDS, "gate")
         name = obj.get("gate")
         if not isinstance(name, str) or not name:
             raise RecordError(f"a gate needs a 'gate' name, got {json.dumps(name)[:60]}")
+        what = f"gate {name!r}:"
         try:
             status = Status(obj.get("status"))
         except ValueError as exc:
-            raise RecordError(f"gate {name!r}: {exc}") from None
+            raise RecordError(f"{what} {exc}") from None
         ci = obj.get("ci")
         if ci is not None and (not isinstance(ci, list | tuple) or len(ci) != 2):
-            raise RecordError(f"gate {name!r}: field 'ci' must be [low, high] or null, got {json.dumps(ci)[:60]}")
-        reason = obj.get("reason") or ""
-        if not isinstance(reason, str):
-            raise RecordError(f"gate {name!r}: field 'reason' must be a string, got {json.dumps(reason)[:60]}")
-        bounds = {"lo": ci[0], "hi": ci[1]} if ci is not None else {}
+            raise RecordError(f"{what} field 'ci' must be [low, high] or null, got {json.dumps(ci)[:60]}")
+        bounds = {"ci[0]": ci[0], "ci[1]": ci[1]} if ci is not None else {}
         return cls(
             name=name,
             status=status,
-            estimate=_optional_number(obj, "estimate"),
-            lo=_optional_number(bounds, "lo"),
-            hi=_optional_number(bounds, "hi"),
-            threshold=_optional_number(obj, "threshold"),
-            reason=reason,
-            mde=_optional_number(obj, "mde"),
+            estimate=_optional_number(obj, "estimate", what),
+            lo=_optional_number(bounds, "ci[0]", what),
+            hi=_optional_number(bounds, "ci[1]", what),
+            threshold=_optional_number(obj, "threshold", what),
+            reason=_optional_string(obj, "reason", what) or "",
+            mde=_optional_number(obj, "mde", what),
+        )
+
+
+CONFIRMED_FIELDS = ("verdict", "median_ns", "ci_ns", "ratio", "gates", "reasons", "elapsed_s", "error", "batch")
+
+
+@dataclass
+class Confirmed:
+    """What a record keeps of its confirmation in a fresh process (run/confirm.py): what the fresh process
+    measured of the case, or why it measured nothing (`error`), and the seconds it took. In JSON a failed
+    confirmation is {"error", "elapsed_s"}, a measured one {"verdict", "median_ns", "ci_ns", "ratio",
+    "gates", "reasons", "elapsed_s"}, either with "batch" when it ran in a batch of that many cases."""
+
+    elapsed_s: float
+    error: str | None = None
+    verdict: Status | None = None
+    median_ns: float | None = None
+    ci_ns: Interval | None = None
+    ratio: float | None = None
+    gates: list[Gate] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    batch: int | None = None  # the size of the batch of regressions confirmed together (confirm.Batch)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any]
+        if self.error is not None:
+            out = {"error": self.error, "elapsed_s": self.elapsed_s}
+        else:
+            out = {
+                "verdict": self.verdict.value if self.verdict is not None else None,
+                "median_ns": self.median_ns,
+                "ci_ns": list(self.ci_ns) if self.ci_ns is not None else None,
+                "ratio": self.ratio,
+                "gates": [g.to_json() for g in self.gates],
+                "reasons": list(self.reasons),
+                "elapsed_s": self.elapsed_s,
+            }
+        if self.batch is not None:
+            out["batch"] = self.batch
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Confirmed:
+        what = "confirmation"
+        obj = _fields(obj, CONFIRMED_FIELDS, what)
+        elapsed = _optional_number(obj, "elapsed_s", what)
+        if elapsed is None:
+            raise RecordError("a confirmation needs its 'elapsed_s'")
+        batch = obj.get("batch")
+        if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool)):
+            raise RecordError(f"confirmation field 'batch' must be an integer, got {json.dumps(batch)[:60]}")
+        try:
+            verdict = None if obj.get("verdict") is None else Status(obj["verdict"])
+        except ValueError as exc:
+            raise RecordError(f"{what}: {exc}") from None
+        reasons = _list(obj, "reasons", what)
+        if not all(isinstance(r, str) for r in reasons):
+            raise RecordError("confirmation field 'reasons' must be a list of strings")
+        return cls(
+            elapsed_s=elapsed,
+            error=_optional_string(obj, "error", what),
+            verdict=verdict,
+            median_ns=_optional_number(obj, "median_ns", what),
+            ci_ns=_optional_interval(obj, "ci_ns", what),
+            ratio=_optional_number(obj, "ratio", what),
+            gates=[Gate.from_json(g) for g in _list(obj, "gates", what)],
+            reasons=list(reasons),
+            batch=batch,
         )
 
 
@@ -203,7 +303,7 @@ class CaseRecord:
     base_blocks: list[float] | None = None
     ab: dict[str, Any] | None = None  # the head/base comparison under --perfguard-against
     updated: str | None = None
-    confirmation: dict[str, Any] | None = None
+    confirmation: Confirmed | None = None
     baseline_hold: str | None = None
     sticky: bool = False  # the case poisoned the CUDA context
     crashed: bool = False  # its worker process died while running it
@@ -227,7 +327,7 @@ class CaseRecord:
                 value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
-            elif isinstance(value, Explanation):
+            elif isinstance(value, Explanation | Confirmed):
                 value = value.to_json()
             elif f.name == "gates":
                 value = [g.to_json() for g in value]
@@ -256,6 +356,8 @@ class CaseRecord:
         if not isinstance(gates, list):
             raise RecordError(f"field 'gates' must be a list, got {type(gates).__name__}")
         data["gates"] = [Gate.from_json(g) for g in gates]
+        if data.get("confirmation") is not None:
+            data["confirmation"] = Confirmed.from_json(data["confirmation"])
         try:
             data["explain"] = None if data.get("explain") is None else Explanation.from_json(data["explain"])
         except Invalid as exc:

@@ -219,7 +219,7 @@ class Runner:
             except Exception as exc:
                 self._crashed(record, exc)
             if record.outcome is not Outcome.SKIPPED:
-                confirming = float((record.confirmation or {}).get("elapsed_s") or 0.0)
+                confirming = record.confirmation.elapsed_s if record.confirmation is not None else 0.0
                 record.case_s = round(time.monotonic() - t0 - self._waited_s - confirming, 4)
         if self._deferred is None:  # else the batch concludes it after the session's last case
             self._conclude(record)

@@ -682,14 +682,14 @@ def is_worker(config: pytest.Config) -> bool:
 
 def batch_line(records: Sequence[CaseRecord]) -> str:
     """The summary's account of batched confirmations; empty when there were none."""
-    batched = [r for r in records if (r.confirmation or {}).get("batch")]
+    batched = [r for r in records if r.confirmation is not None and r.confirmation.batch]
     if not batched:
         return ""
     counts: dict[str, int] = {}
     for r in batched:
         key = str(r.verdict)
         if r.verdict is Status.REGRESSED:
-            confirmed = (r.confirmation or {}).get("verdict") == Status.REGRESSED
+            confirmed = r.confirmation is not None and r.confirmation.verdict is Status.REGRESSED
             key += " (confirmed)" if confirmed else " (not confirmed: see the case's notes)"
         counts[key] = counts.get(key, 0) + 1
     parts = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
