@@ -251,6 +251,48 @@ class Confirmed:
         )
 
 
+AB_FIELDS = ("against", "sha", "group_ratios", "groups")
+
+
+@dataclass
+class AbComparison:
+    """The head/base comparison of a case under --perfguard-against: the base revision as it was asked for
+    (`against`) and as it resolved (`sha`), the head/base ratio of each capture group, which the A/B gate
+    judges, and the capture group of each block. In JSON an object of those four keys."""
+
+    against: str | None = None
+    sha: str | None = None
+    group_ratios: list[float] = field(default_factory=list)
+    groups: list[int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "against": self.against,
+            "sha": self.sha,
+            "group_ratios": list(self.group_ratios),
+            "groups": list(self.groups) if self.groups is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> AbComparison:
+        what = "ab"
+        obj = _fields(obj, AB_FIELDS, what)
+        ratios = _list(obj, "group_ratios", what)
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in ratios):
+            raise RecordError(f"ab field 'group_ratios' must be a list of numbers, got {json.dumps(ratios)[:60]}")
+        groups = obj.get("groups")
+        if groups is not None and (
+            not isinstance(groups, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in groups)
+        ):
+            raise RecordError(f"ab field 'groups' must be a list of integers or null, got {json.dumps(groups)[:60]}")
+        return cls(
+            against=_optional_string(obj, "against", what),
+            sha=_optional_string(obj, "sha", what),
+            group_ratios=[float(x) for x in ratios],
+            groups=list(groups) if groups is not None else None,
+        )
+
+
 @dataclass
 class CaseRecord:
     """What one perf case did in one process. Timing fields stay None for a case that was not timed."""
@@ -301,7 +343,7 @@ class CaseRecord:
     variant_blocks: list[float] | None = None
     against_blocks: list[float] | None = None
     base_blocks: list[float] | None = None
-    ab: dict[str, Any] | None = None  # the head/base comparison under --perfguard-against
+    ab: AbComparison | None = None  # the head/base comparison under --perfguard-against
     updated: str | None = None
     confirmation: Confirmed | None = None
     baseline_hold: str | None = None
@@ -327,7 +369,7 @@ class CaseRecord:
                 value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
-            elif isinstance(value, Explanation | Confirmed):
+            elif isinstance(value, Explanation | Confirmed | AbComparison):
                 value = value.to_json()
             elif f.name == "gates":
                 value = [g.to_json() for g in value]
@@ -358,6 +400,8 @@ class CaseRecord:
         data["gates"] = [Gate.from_json(g) for g in gates]
         if data.get("confirmation") is not None:
             data["confirmation"] = Confirmed.from_json(data["confirmation"])
+        if data.get("ab") is not None:
+            data["ab"] = AbComparison.from_json(data["ab"])
         try:
             data["explain"] = None if data.get("explain") is None else Explanation.from_json(data["explain"])
         except Invalid as exc:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..explanation import lenient
-from ..record import Gate, RecordError, Status, id_order
+from ..record import AbComparison, Gate, RecordError, Status, id_order
 from .formats import FAILING, STATUS_ORDER, UNDECIDED, attention, format_change, shape_label, significant, status_rank
 from .merge import runs_of
 from .results import ResultRecord
@@ -102,7 +102,7 @@ class Case:
     def command(self) -> str:
         """What to run to see this case again; an undecided case gets a longer budget for a firmer answer."""
         base = f"pytest {shlex.quote(self.id)} --perfguard"
-        rev = (self.rec.ab or {}).get("sha") or (self.rec.ab or {}).get("against")
+        rev = (self.rec.ab.sha or self.rec.ab.against) if self.rec.ab is not None else None
         if rev:  # an A/B case is reproduced against the same base revision
             base += f" --perfguard-against {shlex.quote(str(rev))}"
         if self.status in UNDECIDED:
@@ -156,6 +156,13 @@ def _gate(obj: Any) -> Gate | None:
         return None
 
 
+def _ab(obj: Any) -> AbComparison | None:
+    try:
+        return None if obj is None else AbComparison.from_json(obj)
+    except RecordError:
+        return None
+
+
 def _optional_str(value: Any) -> str | None:
     return str(value) if value else None
 
@@ -178,7 +185,7 @@ def _rec(record: Mapping[str, Any]) -> ResultRecord:
         tflops=_number(record.get("tflops")),
         verdict=_status(record.get("verdict")),
         reasons=_strings(record.get("reasons")),
-        ab=record.get("ab") if isinstance(record.get("ab"), dict) else None,
+        ab=_ab(record.get("ab")),
         explain=lenient(record.get("explain")),
     )
 

@@ -36,7 +36,7 @@ from ..measure.correctness import CorrectnessReport, Inputs, Oracle, check
 from ..measure.cpuwatch import CpuWatch
 from ..measure.device import Disturbances, incomparable, lock_name, manual_seed
 from ..measure.timing import Call, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
-from ..record import CaseRecord, Outcome, Status
+from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .session import SessionState
@@ -733,12 +733,12 @@ class Runner:
         if m.base_blocks is not None:
             record.base_blocks = [round(x, 3) for x in m.base_blocks]
             base = self.state.base
-            record.ab = {
-                "against": base.rev if base is not None else None,
-                "sha": base.sha if base is not None else None,
-                "group_ratios": [round(x, 6) for x in m.ab_ratios()],
-                "groups": m.groups,
-            }
+            record.ab = AbComparison(
+                against=base.rev if base is not None else None,
+                sha=base.sha if base is not None else None,
+                group_ratios=[round(x, 6) for x in m.ab_ratios()],
+                groups=m.groups,
+            )
         record.updated = date.today().isoformat()
         record.outcome = Outcome.PASSED
 

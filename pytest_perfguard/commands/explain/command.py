@@ -390,7 +390,7 @@ def default_against(top: Path, results: ResultsFile | None = None) -> str:
     gate would use it; else HEAD when the tree has uncommitted changes."""
     if results is not None:
         recorded = results.run.get("base_sha") or next(
-            (r.ab["sha"] for r in results.results if r.ab and isinstance(r.ab.get("sha"), str)), None
+            (r.ab.sha for r in results.results if r.ab is not None and r.ab.sha is not None), None
         )
         if isinstance(recorded, str) and recorded:
             return recorded
