@@ -66,6 +66,233 @@ def _interval(value: Any) -> Interval | None:
     return (float(lo), float(hi))
 
 
+GATE_FIELDS = ("gate", "status", "estimate", "ci", "threshold", "reason", "mde")
+
+
+def _fields(obj: Any, allowed: tuple[str, ...], what: str) -> dict[str, Any]:
+    """`obj` as a JSON object of no other fields than `allowed`; a RecordError naming `what` otherwise."""
+    if not isinstance(obj, dict):
+        raise RecordError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(allowed))
+    if unknown:
+        raise RecordError(f"unknown {what} field(s) {unknown}")
+    return obj
+
+
+def _optional_number(obj: dict[str, Any], key: str, what: str) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise RecordError(f"{what} field {key!r} must be a number or null, got {json.dumps(value)[:60]}")
+    return float(value)
+
+
+def _optional_string(obj: dict[str, Any], key: str, what: str) -> str | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RecordError(f"{what} field {key!r} must be a string or null, got {json.dumps(value)[:60]}")
+    return value
+
+
+def _list(obj: dict[str, Any], key: str, what: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RecordError(f"{what} field {key!r} must be a list, got {json.dumps(value)[:60]}")
+    return value
+
+
+def _optional_interval(obj: dict[str, Any], key: str, what: str) -> Interval | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise RecordError(f"{what} field {key!r} must be [low, high] or null, got {json.dumps(value)[:60]}")
+    lo, hi = (_optional_number({f"{key}[{i}]": x}, f"{key}[{i}]", what) for i, x in enumerate(value))
+    if lo is None or hi is None:
+        raise RecordError(f"{what} field {key!r} must be [low, high] or null, got {json.dumps(value)[:60]}")
+    return lo, hi
+
+
+@dataclass
+class Gate:
+    """One gate's decision (judge/verdict.py): an estimate on the ratio scale (1.03 = 3% slower), its 95%
+    interval, the threshold it was judged at and why. In a record's JSON it is an object keyed "gate",
+    "status", "estimate", "ci", "threshold", "reason", "mde" (`to_json`)."""
+
+    name: str  # "baseline", "ratio", "max_ratio", "ab"
+    status: Status
+    estimate: float | None = None  # ratio scale: now/baseline, ratio/baseline ratio, or ratio
+    lo: float | None = None
+    hi: float | None = None
+    threshold: float | None = None
+    reason: str = ""
+    mde: float | None = None  # minimum detectable effect at verdict.MDE_POWER, a fraction (0.071 is +7.1%)
+
+    @property
+    def ci(self) -> tuple[float, float] | None:
+        """The 95% interval, when both its ends are known."""
+        return None if self.lo is None or self.hi is None else (self.lo, self.hi)
+
+    @property
+    def band(self) -> tuple[float, float] | None:
+        """The margin band: slower than its top is a regression, faster than its bottom is 'faster'.
+        A cap gate (max_ratio) has no band: its threshold is an absolute ratio, not a change."""
+        if self.threshold is None or self.threshold <= 1.0 or self.name.startswith("max"):
+            return None
+        return 1.0 / self.threshold, self.threshold
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gate": self.name,
+            "status": self.status.value,
+            "estimate": self.estimate,
+            "ci": [self.lo, self.hi] if self.lo is not None else None,
+            "threshold": self.threshold,
+            "reason": self.reason,
+            "mde": self.mde,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Gate:
+        """The inverse of `to_json`. Unknown fields are an error, as in a record."""
+        obj = _fields(obj, GATE_FIELDS, "gate")
+        name = obj.get("gate")
+        if not isinstance(name, str) or not name:
+            raise RecordError(f"a gate needs a 'gate' name, got {json.dumps(name)[:60]}")
+        what = f"gate {name!r}:"
+        try:
+            status = Status(obj.get("status"))
+        except ValueError as exc:
+            raise RecordError(f"{what} {exc}") from None
+        ci = obj.get("ci")
+        if ci is not None and (not isinstance(ci, list | tuple) or len(ci) != 2):
+            raise RecordError(f"{what} field 'ci' must be [low, high] or null, got {json.dumps(ci)[:60]}")
+        bounds = {"ci[0]": ci[0], "ci[1]": ci[1]} if ci is not None else {}
+        return cls(
+            name=name,
+            status=status,
+            estimate=_optional_number(obj, "estimate", what),
+            lo=_optional_number(bounds, "ci[0]", what),
+            hi=_optional_number(bounds, "ci[1]", what),
+            threshold=_optional_number(obj, "threshold", what),
+            reason=_optional_string(obj, "reason", what) or "",
+            mde=_optional_number(obj, "mde", what),
+        )
+
+
+CONFIRMED_FIELDS = ("verdict", "median_ns", "ci_ns", "ratio", "gates", "reasons", "elapsed_s", "error", "batch")
+
+
+@dataclass
+class Confirmed:
+    """What a record keeps of its confirmation in a fresh process (run/confirm.py): what the fresh process
+    measured of the case, or why it measured nothing (`error`), and the seconds it took. In JSON a failed
+    confirmation is {"error", "elapsed_s"}, a measured one {"verdict", "median_ns", "ci_ns", "ratio",
+    "gates", "reasons", "elapsed_s"}, either with "batch" when it ran in a batch of that many cases."""
+
+    elapsed_s: float
+    error: str | None = None
+    verdict: Status | None = None
+    median_ns: float | None = None
+    ci_ns: Interval | None = None
+    ratio: float | None = None
+    gates: list[Gate] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    batch: int | None = None  # the size of the batch of regressions confirmed together (confirm.Batch)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any]
+        if self.error is not None:
+            out = {"error": self.error, "elapsed_s": self.elapsed_s}
+        else:
+            out = {
+                "verdict": self.verdict.value if self.verdict is not None else None,
+                "median_ns": self.median_ns,
+                "ci_ns": list(self.ci_ns) if self.ci_ns is not None else None,
+                "ratio": self.ratio,
+                "gates": [g.to_json() for g in self.gates],
+                "reasons": list(self.reasons),
+                "elapsed_s": self.elapsed_s,
+            }
+        if self.batch is not None:
+            out["batch"] = self.batch
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Confirmed:
+        what = "confirmation"
+        obj = _fields(obj, CONFIRMED_FIELDS, what)
+        elapsed = _optional_number(obj, "elapsed_s", what)
+        if elapsed is None:
+            raise RecordError("a confirmation needs its 'elapsed_s'")
+        batch = obj.get("batch")
+        if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool)):
+            raise RecordError(f"confirmation field 'batch' must be an integer, got {json.dumps(batch)[:60]}")
+        try:
+            verdict = None if obj.get("verdict") is None else Status(obj["verdict"])
+        except ValueError as exc:
+            raise RecordError(f"{what}: {exc}") from None
+        reasons = _list(obj, "reasons", what)
+        if not all(isinstance(r, str) for r in reasons):
+            raise RecordError("confirmation field 'reasons' must be a list of strings")
+        return cls(
+            elapsed_s=elapsed,
+            error=_optional_string(obj, "error", what),
+            verdict=verdict,
+            median_ns=_optional_number(obj, "median_ns", what),
+            ci_ns=_optional_interval(obj, "ci_ns", what),
+            ratio=_optional_number(obj, "ratio", what),
+            gates=[Gate.from_json(g) for g in _list(obj, "gates", what)],
+            reasons=list(reasons),
+            batch=batch,
+        )
+
+
+AB_FIELDS = ("against", "sha", "group_ratios", "groups")
+
+
+@dataclass
+class AbComparison:
+    """The head/base comparison of a case under --perfguard-against: the base revision as it was asked for
+    (`against`) and as it resolved (`sha`), the head/base ratio of each capture group, which the A/B gate
+    judges, and the capture group of each block. In JSON an object of those four keys."""
+
+    against: str | None = None
+    sha: str | None = None
+    group_ratios: list[float] = field(default_factory=list)
+    groups: list[int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "against": self.against,
+            "sha": self.sha,
+            "group_ratios": list(self.group_ratios),
+            "groups": list(self.groups) if self.groups is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> AbComparison:
+        what = "ab"
+        obj = _fields(obj, AB_FIELDS, what)
+        ratios = _list(obj, "group_ratios", what)
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in ratios):
+            raise RecordError(f"ab field 'group_ratios' must be a list of numbers, got {json.dumps(ratios)[:60]}")
+        groups = obj.get("groups")
+        if groups is not None and (
+            not isinstance(groups, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in groups)
+        ):
+            raise RecordError(f"ab field 'groups' must be a list of integers or null, got {json.dumps(groups)[:60]}")
+        return cls(
+            against=_optional_string(obj, "against", what),
+            sha=_optional_string(obj, "sha", what),
+            group_ratios=[float(x) for x in ratios],
+            groups=list(groups) if groups is not None else None,
+        )
+
+
 @dataclass
 class CaseRecord:
     """What one perf case did in one process. Timing fields stay None for a case that was not timed."""
@@ -109,16 +336,16 @@ class CaseRecord:
     # add to the case's device time.
     case_s: float | None = None
     # judgement
-    gates: list[dict[str, Any]] = field(default_factory=list)
+    gates: list[Gate] = field(default_factory=list)
     mde: float | None = None
     notes: list[str] = field(default_factory=list)
     disturbances: list[str] = field(default_factory=list)
     variant_blocks: list[float] | None = None
     against_blocks: list[float] | None = None
     base_blocks: list[float] | None = None
-    ab: dict[str, Any] | None = None  # the head/base comparison under --perfguard-against
+    ab: AbComparison | None = None  # the head/base comparison under --perfguard-against
     updated: str | None = None
-    confirmation: dict[str, Any] | None = None
+    confirmation: Confirmed | None = None
     baseline_hold: str | None = None
     sticky: bool = False  # the case poisoned the CUDA context
     crashed: bool = False  # its worker process died while running it
@@ -128,8 +355,8 @@ class CaseRecord:
     def timed(self) -> bool:
         return self.median_ns is not None
 
-    def gate(self, name: str) -> dict[str, Any] | None:
-        return next((g for g in self.gates if g.get("gate") == name), None)
+    def gate(self, name: str) -> Gate | None:
+        return next((g for g in self.gates if g.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
         """A plain JSON object: enums as their words, intervals as lists, unset fields left out."""
@@ -142,8 +369,10 @@ class CaseRecord:
                 value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
-            elif isinstance(value, Explanation):
+            elif isinstance(value, Explanation | Confirmed | AbComparison):
                 value = value.to_json()
+            elif f.name == "gates":
+                value = [g.to_json() for g in value]
             out[f.name] = value
         return out
 
@@ -165,6 +394,14 @@ class CaseRecord:
             raise RecordError(str(exc)) from None
         for key in ("ci_ns", "ratio_ci"):
             data[key] = _interval(data.get(key))
+        gates = data.get("gates") or []
+        if not isinstance(gates, list):
+            raise RecordError(f"field 'gates' must be a list, got {type(gates).__name__}")
+        data["gates"] = [Gate.from_json(g) for g in gates]
+        if data.get("confirmation") is not None:
+            data["confirmation"] = Confirmed.from_json(data["confirmation"])
+        if data.get("ab") is not None:
+            data["ab"] = AbComparison.from_json(data["ab"])
         try:
             data["explain"] = None if data.get("explain") is None else Explanation.from_json(data["explain"])
         except Invalid as exc:

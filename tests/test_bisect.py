@@ -16,7 +16,7 @@ from test_ab import CONFTEST, FAKECLOCK
 
 from pytest_perfguard.commands import bisect as bs
 from pytest_perfguard.commands.cli import main
-from pytest_perfguard.record import CaseRecord, Outcome, Status
+from pytest_perfguard.record import CaseRecord, Gate, Outcome, Status
 
 TEST = """
 import torch
@@ -215,17 +215,7 @@ def _record(
     reason: str = "",
 ) -> CaseRecord:
     gates = (
-        []
-        if gate is None
-        else [
-            {
-                "gate": "ab",
-                "status": gate,
-                "estimate": estimate,
-                "ci": [estimate - 0.01, estimate + 0.01],
-                "reason": reason,
-            }
-        ]
+        [] if gate is None else [Gate("ab", Status(gate), estimate, estimate - 0.01, estimate + 0.01, reason=reason)]
     )
     return CaseRecord(
         id="t.py::test_k[v]",

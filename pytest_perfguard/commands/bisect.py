@@ -101,11 +101,11 @@ def judge_case(record: CaseRecord) -> CaseStep:
         status = str(record.verdict or record.outcome)
         reason = record.reasons[0] if record.reasons else status
         return CaseStep(record.id, status, SKIP, reason=f"{status}: {reason}" if reason != status else status)
-    status = str(gate.get("status"))
-    estimate = gate.get("estimate")
-    ci = gate.get("ci")
+    status = str(gate.status)
+    estimate = gate.estimate
+    ci = list(gate.ci) if gate.ci is not None else None
     change = format_change(estimate, ci)
-    reason = str(gate.get("reason") or status)
+    reason = gate.reason or status
     if status == Status.REGRESSED:
         if record.verdict is Status.REGRESSED:
             return CaseStep(record.id, status, BAD, change, estimate, ci, reason)

@@ -172,8 +172,8 @@ def _ab_text(r: CaseRecord) -> str:
     g = r.gate("ab")
     if g is None:
         return "-"
-    status = str(g.get("status"))
-    return status if g.get("estimate") is None else f"{delta_text(r, 'ab')} {status}"
+    status = str(g.status)
+    return status if g.estimate is None else f"{delta_text(r, 'ab')} {status}"
 
 
 def _mde_text(a: CaseRecord, b: CaseRecord) -> str:
@@ -291,7 +291,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if only_b:
         print(f"only in B ({len(only_b)}): " + ", ".join(only_b))
     print(f"{slower} regressed of {len(rows)} compared")
-    gates = Counter(str(g.get("status")) for r in b.results if (g := r.gate("ab")) is not None)
+    gates = Counter(str(g.status) for r in b.results if (g := r.gate("ab")) is not None)
     if gates:
         counts = ", ".join(f"{n} {status}" for status, n in gates.most_common())
         print(f"B's own A/B gate (head against its base revision in one process, the firmer evidence): {counts}")

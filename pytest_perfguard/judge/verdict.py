@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..record import Gate as Gate  # the one gate type; judged here, kept in records
 from ..record import Status
 from ..settings import DEFAULT_MARGIN
 from .baseline import BaselineEntry
@@ -104,29 +104,6 @@ class Policy:
             self.noise_k,
             prior=self.prior_ratio_spread,
         )
-
-
-@dataclass
-class Gate:
-    name: str  # "baseline", "ratio", "max_ratio", "ab"
-    status: Status
-    estimate: float | None = None  # ratio scale: now/baseline, ratio/baseline ratio, or ratio
-    lo: float | None = None
-    hi: float | None = None
-    threshold: float | None = None
-    reason: str = ""
-    mde: float | None = None  # minimum detectable effect at MDE_POWER, a fraction (0.071 is +7.1%)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gate": self.name,
-            "status": self.status,
-            "estimate": self.estimate,
-            "ci": [self.lo, self.hi] if self.lo is not None else None,
-            "threshold": self.threshold,
-            "reason": self.reason,
-            "mde": self.mde,
-        }
 
 
 @dataclass

@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..record import Gate
 from .formats import format_change, format_mde, format_ratio, format_time
 from .merge import write_file
 from .view import (
     Case,
-    Gate,
     Report,
     build,
     counts_line,

@@ -37,9 +37,9 @@ def delta_text(record: CaseRecord, gate: str) -> str:
     g = record.gate(gate)
     if g is None:
         return "-"
-    if g.get("estimate") is None:
-        return str(g.get("status"))
-    return format_change(g["estimate"], g.get("ci"))
+    if g.estimate is None:
+        return str(g.status)
+    return format_change(g.estimate, (g.lo, g.hi))
 
 
 def _mde(record: CaseRecord) -> str:
@@ -168,10 +168,10 @@ def _short_delta(record: CaseRecord, gate: str) -> str:
     g = record.gate(gate)
     if g is None:
         return "-"
-    est, ci = g.get("estimate"), g.get("ci") or [None, None]
+    est, ci = g.estimate, g.ci
     if est is None:
-        return str(g.get("status"))
-    if ci[0] is None or ci[1] is None:
+        return str(g.status)
+    if ci is None:
         return f"{(est - 1) * 100:+.1f}%"
     # One decimal: the narrowest margin is 1.5%, so hundredths of a point decide nothing.
     return f"{(est - 1) * 100:+.1f}% ±{max(est - ci[0], ci[1] - est) * 100:.1f}"
@@ -202,7 +202,7 @@ def _short_row(r: CaseRecord, ab: bool) -> list[str]:
 def why(r: CaseRecord) -> str:
     """What made the case fail or stay inconclusive: its gates that did not pass and the notes that are not a
     gate's (a confirmation that disagreed, a re-measurement), leaving out the gates that passed."""
-    passed = {g.get("reason") for g in r.gates if g.get("status") in ("pass", "faster")}
+    passed = {g.reason for g in r.gates if g.status in (Status.PASS, Status.FASTER)}
     own = [x for x in r.reasons if x not in passed]
     return "; ".join([*own, *(d for d in r.disturbances if d not in own)]) or str(r.verdict or r.outcome)
 
@@ -238,8 +238,9 @@ def margin_lines(records: Iterable[CaseRecord], margin: float | None, width: int
     used: dict[float, int] = Counter()
     for r in records:
         for name in ("baseline", "ratio"):
-            threshold = (r.gate(name) or {}).get("threshold")
-            if isinstance(threshold, (int, float)) and threshold > 1.0:
+            g = r.gate(name)
+            threshold = g.threshold if g is not None else None
+            if threshold is not None and threshold > 1.0:
                 used[round(threshold - 1.0, 4)] += 1
     if not used or (margin is not None and set(used) == {round(margin, 4)}):
         return []
@@ -296,7 +297,7 @@ def terminal_lines(
             test = r.test
             out.append(f"{test}:")
         out.append(_line(rows[r.id], widths))
-        if r.verdict is Status.PASS and (r.gate("ab") or {}).get("status") == "faster":
+        if r.verdict is Status.PASS and (g := r.gate("ab")) is not None and g.status is Status.FASTER:
             # faster in this process only: the row's delta needs the fresh process's word beside it
             out.extend(textwrap.wrap(why(r), width, initial_indent="    ", subsequent_indent="      "))
     out.extend(skip_lines(records, width))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..explanation import lenient
-from ..record import Status, id_order
+from ..record import AbComparison, Gate, RecordError, Status, id_order
 from .formats import FAILING, STATUS_ORDER, UNDECIDED, attention, format_change, shape_label, significant, status_rank
 from .merge import runs_of
 from .results import ResultRecord
@@ -48,27 +48,6 @@ def _floats(value: Any) -> list[float]:
 
 def _strings(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
-
-
-@dataclass(frozen=True)
-class Gate:
-    """One gate's decision: an estimate on the ratio scale (1.03 = 3% slower), its CI and its threshold."""
-
-    name: str
-    status: str
-    estimate: float | None
-    ci: tuple[float, float] | None
-    threshold: float | None
-    reason: str
-    mde: float | None
-
-    @property
-    def band(self) -> tuple[float, float] | None:
-        """The margin band: slower than its top is a regression, faster than its bottom is 'faster'.
-        A cap gate (max_ratio) has no band: its threshold is an absolute ratio, not a change."""
-        if self.threshold is None or self.threshold <= 1.0 or self.name.startswith("max"):
-            return None
-        return 1.0 / self.threshold, self.threshold
 
 
 @dataclass(frozen=True)
@@ -123,7 +102,7 @@ class Case:
     def command(self) -> str:
         """What to run to see this case again; an undecided case gets a longer budget for a firmer answer."""
         base = f"pytest {shlex.quote(self.id)} --perfguard"
-        rev = (self.rec.ab or {}).get("sha") or (self.rec.ab or {}).get("against")
+        rev = (self.rec.ab.sha or self.rec.ab.against) if self.rec.ab is not None else None
         if rev:  # an A/B case is reproduced against the same base revision
             base += f" --perfguard-against {shlex.quote(str(rev))}"
         if self.status in UNDECIDED:
@@ -170,17 +149,18 @@ def status_of(record: Mapping[str, Any]) -> str:
 
 
 def _gate(obj: Any) -> Gate | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("gate"), str):
+    """A gate of the record, read leniently like the rest: one that does not parse is left out."""
+    try:
+        return Gate.from_json(obj)
+    except RecordError:
         return None
-    return Gate(
-        name=obj["gate"],
-        status=str(obj.get("status") or ""),
-        estimate=_number(obj.get("estimate")),
-        ci=_interval(obj.get("ci")),
-        threshold=_number(obj.get("threshold")),
-        reason=str(obj.get("reason") or ""),
-        mde=_number(obj.get("mde")),
-    )
+
+
+def _ab(obj: Any) -> AbComparison | None:
+    try:
+        return None if obj is None else AbComparison.from_json(obj)
+    except RecordError:
+        return None
 
 
 def _optional_str(value: Any) -> str | None:
@@ -205,7 +185,7 @@ def _rec(record: Mapping[str, Any]) -> ResultRecord:
         tflops=_number(record.get("tflops")),
         verdict=_status(record.get("verdict")),
         reasons=_strings(record.get("reasons")),
-        ab=record.get("ab") if isinstance(record.get("ab"), dict) else None,
+        ab=_ab(record.get("ab")),
         explain=lenient(record.get("explain")),
     )
 

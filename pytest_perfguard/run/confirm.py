@@ -29,7 +29,7 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
@@ -40,7 +40,7 @@ from ..judge.policy import mean_threshold, process_mean, within_together
 from ..judge.verdict import Gate, Verdict
 from ..marker import MARK_NAME
 from ..measure.device import SESSION_PIDS_ENV, session_pids
-from ..record import CaseRecord, Outcome, RecordError, Status
+from ..record import CaseRecord, Confirmed, Outcome, RecordError, Status
 from ..settings import Settings
 from . import xdist as xd
 from .cleanup import CHILD_ENV, CONFIRM_PREFIX, die_with_parent, in_child
@@ -87,7 +87,7 @@ class CaseRun(Protocol):
 @dataclass
 class Confirmation:
     status: Status
-    info: dict[str, Any] | None = None  # what the fresh process measured, kept in the record
+    info: Confirmed | None = None  # what the fresh process measured, kept in the record
     note: str = ""  # added to the verdict's notes
     hold_back: str = ""  # an update run not to fold into the baseline, and why
     deferred: bool = False  # past the single confirmations: the batch settles it (Batch)
@@ -184,7 +184,7 @@ def run_fresh_cases(
     return records
 
 
-def _fresh(run: CaseRun) -> tuple[CaseRecord | str, dict[str, Any]] | None:
+def _fresh(run: CaseRun) -> tuple[CaseRecord | str, Confirmed] | None:
     """The case run alone in a fresh process, within the session's cap: None once the cap is reached; else
     the child's record (or why there is none) and what to keep of it in this record's "confirmation"."""
     state = run.state
@@ -197,19 +197,19 @@ def _fresh(run: CaseRun) -> tuple[CaseRecord | str, dict[str, Any]] | None:
     return child, _kept(child, round(time.monotonic() - t0, 1))
 
 
-def _kept(child: CaseRecord | str, spent: float) -> dict[str, Any]:
+def _kept(child: CaseRecord | str, spent: float) -> Confirmed:
     """What a record keeps of its confirmation in a fresh process."""
     if isinstance(child, str):
-        return {"error": child, "elapsed_s": spent}
-    return {
-        "verdict": child.verdict.value if child.verdict else None,
-        "median_ns": child.median_ns,
-        "ci_ns": list(child.ci_ns) if child.ci_ns else None,
-        "ratio": child.ratio,
-        "gates": child.gates,
-        "reasons": child.reasons,
-        "elapsed_s": spent,
-    }
+        return Confirmed(error=child, elapsed_s=spent)
+    return Confirmed(
+        verdict=child.verdict,
+        median_ns=child.median_ns,
+        ci_ns=child.ci_ns,
+        ratio=child.ratio,
+        gates=list(child.gates),
+        reasons=list(child.reasons),
+        elapsed_s=spent,
+    )
 
 
 REGRESSED_TAIL = ": a process-dependent time, not judged"
@@ -251,9 +251,7 @@ def _reconfirm(run: CaseRun, verdict: Verdict, claim: Status, shown_gates: tuple
     return settle(run, verdict, claim, child, info, shown_gates, tail)
 
 
-def _noted(
-    verdict: Verdict, status: Status, info: dict[str, Any] | None, text: str, first: bool = False
-) -> Confirmation:
+def _noted(verdict: Verdict, status: Status, info: Confirmed | None, text: str, first: bool = False) -> Confirmation:
     verdict.notes.insert(0 if first else len(verdict.notes), text)
     return Confirmation(status, info, text)
 
@@ -263,7 +261,7 @@ def settle(
     verdict: Verdict,
     claim: Status,
     child: CaseRecord | str,
-    info: dict[str, Any] | None,
+    info: Confirmed | None,
     shown_gates: tuple[str, ...] = ("ab", "baseline"),
     tail: str = REGRESSED_TAIL,
     batch: str = "",
@@ -275,10 +273,10 @@ def settle(
         what = "the regression" if claim is Status.REGRESSED else "the verdict"
         return _noted(verdict, claim, info, f"confirmation failed{within}, {what} stands: {child}")
     first = next((g.reason for g in verdict.gates if g.status is claim and g.reason), str(claim))
-    again = next((g.get("reason") for g in child.gates if g.get("status") == claim), None)
+    again = next((g.reason for g in child.gates if g.status is claim), None)
     if child.verdict is claim:
         return _noted(verdict, claim, info, f"confirmed in a fresh process{within}: {again or claim}")
-    shown = next((g.get("reason") for g in child.gates if g.get("gate") in shown_gates), None)
+    shown = next((g.reason for g in child.gates if g.name in shown_gates), None)
     text = (
         f"not confirmed: {first} in this process, but {child.verdict} in a fresh one"
         + (f" ({shown})" if shown else "")
@@ -322,12 +320,12 @@ def _two_processes(run: CaseRun, verdict: Verdict, child: CaseRecord) -> tuple[S
                 return None
             continue  # an inconclusive max_ratio keeps the case inconclusive
         there = child.gate(gate.name)
-        if gate.estimate is None or there is None or there.get("estimate") is None:
+        if gate.estimate is None or there is None or there.estimate is None:
             return None
-        if there.get("status") == Status.NOT_COMPARABLE:
+        if there.status is Status.NOT_COMPARABLE:
             return None
         limit = _mean_limit(run, stored, gate)
-        readings = [gate.estimate, float(there["estimate"])]
+        readings = [gate.estimate, there.estimate]
         ok = within_together(readings, limit)
         if ok:
             passed.append(gate)
@@ -504,10 +502,10 @@ class Batch:
         too (not on the way out of a timed-out process, whose records travel with its timeout)."""
         waiting = list(self.waiting.values())
         self.waiting.clear()
-        info = {"error": why, "elapsed_s": 0.0, "batch": len(waiting)}
+        info = Confirmed(error=why, elapsed_s=0.0, batch=len(waiting))
         for w in waiting:
             text = f"not confirmed in a fresh process: {why}; the regression stands"
-            self._conclude(w, _noted(w.verdict, Status.REGRESSED, dict(info), text), log=log)
+            self._conclude(w, _noted(w.verdict, Status.REGRESSED, replace(info), text), log=log)
 
     def _confirm(self, waiting: Sequence[_Waiting]) -> dict[str, Confirmation]:
         """The batch's fresh process, and each waiting case settled with what it made of the case."""
@@ -529,7 +527,7 @@ class Batch:
         for w in waiting:
             case_id = w.run.item.nodeid
             child = got if isinstance(got, str) else got.get(case_id, "the fresh process did not run this case")
-            info = {**_kept(child, spent), "batch": n}
+            info = replace(_kept(child, spent), batch=n)
             if isinstance(child, CaseRecord) and _unmeasured(child):
                 text = (
                     f"not confirmed in a fresh process ({where}): the batch's bound of {bound:.0f} s of measurement "

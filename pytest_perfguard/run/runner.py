@@ -36,7 +36,7 @@ from ..measure.correctness import CorrectnessReport, Inputs, Oracle, check
 from ..measure.cpuwatch import CpuWatch
 from ..measure.device import Disturbances, incomparable, lock_name, manual_seed
 from ..measure.timing import Call, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
-from ..record import CaseRecord, Outcome, Status
+from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .session import SessionState
@@ -219,7 +219,7 @@ class Runner:
             except Exception as exc:
                 self._crashed(record, exc)
             if record.outcome is not Outcome.SKIPPED:
-                confirming = float((record.confirmation or {}).get("elapsed_s") or 0.0)
+                confirming = record.confirmation.elapsed_s if record.confirmation is not None else 0.0
                 record.case_s = round(time.monotonic() - t0 - self._waited_s - confirming, 4)
         if self._deferred is None:  # else the batch concludes it after the session's last case
             self._conclude(record)
@@ -733,12 +733,12 @@ class Runner:
         if m.base_blocks is not None:
             record.base_blocks = [round(x, 3) for x in m.base_blocks]
             base = self.state.base
-            record.ab = {
-                "against": base.rev if base is not None else None,
-                "sha": base.sha if base is not None else None,
-                "group_ratios": [round(x, 6) for x in m.ab_ratios()],
-                "groups": m.groups,
-            }
+            record.ab = AbComparison(
+                against=base.rev if base is not None else None,
+                sha=base.sha if base is not None else None,
+                group_ratios=[round(x, 6) for x in m.ab_ratios()],
+                groups=m.groups,
+            )
         record.updated = date.today().isoformat()
         record.outcome = Outcome.PASSED
 
@@ -790,7 +790,7 @@ class Runner:
     ) -> None:
         """The judged record: gates, notes and verdict, and the failure of a regression (or under --strict)."""
         s = self.state.settings
-        record.gates = [g.to_json() for g in verdict.gates]
+        record.gates = [replace(g) for g in verdict.gates]  # copies: the record keeps what was judged
         record.mde = case_mde(verdict.deciding_gates(), variant_is_against=variant_is_against)
         record.notes, record.disturbances = [*record.notes, *verdict.notes], verdict.disturbances
         record.verdict = status

@@ -123,11 +123,10 @@ def baseline_file(state: SessionState) -> Path:
 def aa_reading(r: CaseRecord) -> tuple[float, tuple[float, float]] | None:
     """The head/base ratio and its 95% interval of a record timed against its own twin at HEAD (an update's
     A/A process); None for a record without one (no base revision, or no usable twin)."""
-    gate = r.gate("ab") or {}
-    estimate, ci = gate.get("estimate"), gate.get("ci")
-    if estimate is None or not isinstance(ci, list | tuple) or len(ci) != 2 or None in ci:
+    gate = r.gate("ab")
+    if gate is None or gate.estimate is None or gate.ci is None:
         return None
-    lo, hi, est = float(ci[0]), float(ci[1]), float(estimate)
+    (lo, hi), est = gate.ci, gate.estimate
     return (est, (lo, hi)) if 0 < lo <= est <= hi < math.inf else None
 
 
@@ -273,7 +272,7 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
             unjudged += 1
             continue
         g = r.gate(gate)
-        status = Status(g["status"]) if g is not None else Status.NO_BASELINE
+        status = g.status if g is not None else Status.NO_BASELINE
         if status in UNCOMPARED:
             not_compared["new (no baseline entry)" if status is Status.NO_BASELINE else str(status)] += 1
     compared = len(timed) - sum(not_compared.values())
@@ -292,7 +291,7 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
     batched = batch_line(timed)
     if batched:
         out.messages.append(batched)
-    moved = [r for r in timed if MACHINE_MOVED in str((r.gate("baseline") or {}).get("reason") or "")]
+    moved = [r for r in timed if (g := r.gate("baseline")) is not None and MACHINE_MOVED in g.reason]
     if moved and not s.against:
         many = len(moved) > MACHINE_MOVED_SHARE * len(timed)
         out.messages.append(
@@ -466,7 +465,7 @@ def _aa_failed(r: CaseRecord) -> bool:
     read apart in that process, which is what the offset fit is to learn; its time is as good as any other."""
     if not (r.timed and r.outcome is Outcome.FAILED and r.verdict is Status.REGRESSED and not r.disturbances):
         return False
-    regressed = {g.get("gate") for g in r.gates if g.get("status") == Status.REGRESSED}
+    regressed = {g.name for g in r.gates if g.status is Status.REGRESSED}
     return "ab" in regressed and "max_ratio" not in regressed
 
 
@@ -683,14 +682,14 @@ def is_worker(config: pytest.Config) -> bool:
 
 def batch_line(records: Sequence[CaseRecord]) -> str:
     """The summary's account of batched confirmations; empty when there were none."""
-    batched = [r for r in records if (r.confirmation or {}).get("batch")]
+    batched = [r for r in records if r.confirmation is not None and r.confirmation.batch]
     if not batched:
         return ""
     counts: dict[str, int] = {}
     for r in batched:
         key = str(r.verdict)
         if r.verdict is Status.REGRESSED:
-            confirmed = (r.confirmation or {}).get("verdict") == Status.REGRESSED
+            confirmed = r.confirmation is not None and r.confirmation.verdict is Status.REGRESSED
             key += " (confirmed)" if confirmed else " (not confirmed: see the case's notes)"
         counts[key] = counts.get(key, 0) + 1
     parts = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))

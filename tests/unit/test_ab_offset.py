@@ -31,7 +31,7 @@ from pytest_perfguard.judge.baseline import (
 )
 from pytest_perfguard.judge.policy import AB_OFFSET_MIN_READINGS, fit_process_offset
 from pytest_perfguard.judge.stats import chi2_quantile
-from pytest_perfguard.record import CaseRecord
+from pytest_perfguard.record import CaseRecord, Gate, Status
 from pytest_perfguard.run.ab import aa_base, use_stored_offset
 from pytest_perfguard.run.session import aa_reading
 from pytest_perfguard.settings import AB_PROCESS_SD, AB_SMALL_NS, AB_SMALL_PROCESS_SD, BY_NAME, Settings, convert
@@ -405,10 +405,10 @@ def test_no_git_repository_or_no_commit_means_no_a_a(tmp_path: Path) -> None:
 
 
 def test_a_record_gives_its_a_a_reading_only_from_a_usable_twin() -> None:
-    def rec(*gates: dict[str, Any]) -> CaseRecord:
+    def rec(*gates: Gate) -> CaseRecord:
         return CaseRecord(id="t.py::a", gates=list(gates))
 
-    assert aa_reading(rec({"gate": "ab", "status": "pass", "estimate": 1.01, "ci": [1.0, 1.02]})) == (1.01, (1.0, 1.02))
-    assert aa_reading(rec({"gate": "ab", "status": "new", "estimate": None, "ci": None})) is None
-    assert aa_reading(rec({"gate": "ab", "status": "pass", "estimate": 1.01, "ci": [0.0, math.inf]})) is None
-    assert aa_reading(rec({"gate": "baseline", "status": "pass", "estimate": 1.01, "ci": [1.0, 1.02]})) is None
+    assert aa_reading(rec(Gate("ab", Status.PASS, 1.01, 1.0, 1.02))) == (1.01, (1.0, 1.02))
+    assert aa_reading(rec(Gate("ab", Status.NEW))) is None
+    assert aa_reading(rec(Gate("ab", Status.PASS, 1.01, 0.0, math.inf))) is None
+    assert aa_reading(rec(Gate("baseline", Status.PASS, 1.01, 1.0, 1.02))) is None

@@ -56,8 +56,8 @@ def _verdict(time: float, ratio: float, *, time_status: Status = Status.REGRESSE
 
 def _child(time: float, ratio: float, **kw: object) -> CaseRecord:
     gates = [
-        {"gate": "baseline", "status": Status.PASS, "estimate": time, "reason": "time vs baseline"},
-        {"gate": "ratio", "status": Status.PASS, "estimate": ratio, "reason": "ratio"},
+        Gate("baseline", Status.PASS, estimate=time, reason="time vs baseline"),
+        Gate("ratio", Status.PASS, estimate=ratio, reason="ratio"),
     ]
     record = CaseRecord(id=CASE, outcome=Outcome.PASSED, verdict=Status.PASS, median_ns=1000.0 * time, gates=gates)
     for name, value in kw.items():
@@ -142,6 +142,6 @@ def test_a_regression_the_fresh_process_repeats_stands_whatever_the_mean() -> No
     state = _state()
     child = _child(1.30, 1.0)
     child.verdict = Status.REGRESSED
-    child.gates[0]["status"] = Status.REGRESSED
+    child.gates[0].status = Status.REGRESSED
     got = _settle(state, _verdict(1.40, 1.0), child)
     assert got.status is Status.REGRESSED and got.note.startswith("confirmed in a fresh process: time vs baseline")

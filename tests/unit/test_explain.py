@@ -24,7 +24,7 @@ from pytest_perfguard.commands.cli import main
 from pytest_perfguard.commands.explain import command as ex
 from pytest_perfguard.explanation import DURATION, Explanation, KernelDiff, MetricDiff
 from pytest_perfguard.jsonio import dumps
-from pytest_perfguard.record import CaseRecord, Outcome, Status
+from pytest_perfguard.record import CaseRecord, Gate, Outcome, Status
 from pytest_perfguard.report.results import ResultsError, read_results
 from pytest_perfguard.report.terminal import results_document, write_results
 
@@ -258,7 +258,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
 
 
 def _record(case_id: str, verdict: Status, estimate: float = 1.2) -> CaseRecord:
-    gate = {"gate": "ab", "status": str(verdict), "estimate": estimate, "ci": [estimate - 0.01, estimate + 0.01]}
+    gate = Gate("ab", verdict, estimate, estimate - 0.01, estimate + 0.01)
     return CaseRecord(
         id=case_id,
         test="test_x",

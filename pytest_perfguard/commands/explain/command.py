@@ -390,7 +390,7 @@ def default_against(top: Path, results: ResultsFile | None = None) -> str:
     gate would use it; else HEAD when the tree has uncommitted changes."""
     if results is not None:
         recorded = results.run.get("base_sha") or next(
-            (r.ab["sha"] for r in results.results if r.ab and isinstance(r.ab.get("sha"), str)), None
+            (r.ab.sha for r in results.results if r.ab is not None and r.ab.sha is not None), None
         )
         if isinstance(recorded, str) and recorded:
             return recorded
@@ -445,11 +445,7 @@ def attach(path: Path, case_id: str, explanation: Explanation) -> None:
 
 def _worst_first(record: CaseRecord) -> float:
     """The largest change among the gates that found the regression (1.3 = 30% slower)."""
-    estimates = [
-        float(g["estimate"])
-        for g in record.gates
-        if g.get("status") == Status.REGRESSED and isinstance(g.get("estimate"), int | float)
-    ]
+    estimates = [g.estimate for g in record.gates if g.status is Status.REGRESSED and g.estimate is not None]
     return -max(estimates, default=0.0)
 
 
