@@ -15,28 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from test_ab import FAKECLOCK, MODES, _git
 
 from pytest_perfguard.judge.baseline import read_baseline
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # updates start fresh processes, and -n 2 starts workers
-
-MODES = {"no-xdist": ["-p", "no:xdist"], "n0": ["-n", "0"], "n2": ["-n", "2"]}
-
-FAKECLOCK = '''
-class FakeClock:
-    """Nanoseconds that only move when a fake kernel runs: shared by head and base."""
-    def __init__(self):
-        self.t = 0
-    def __call__(self):
-        return self.t
-
-CLOCK = FakeClock()
-'''
 
 CONFTEST = """
 import os
@@ -76,18 +63,6 @@ def test_k(S, perfguard_device):
     q, k, v = (torch.randn(1, 2, S, 16, dtype=torch.float64) for _ in range(3))
     return (q, k, v), {}
 """
-
-
-def _git(path: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    return subprocess.run(
-        ["git", *args],
-        cwd=path,
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**env, "HOME": str(path), "PATH": os.environ["PATH"]},
-    ).stdout.strip()
 
 
 @pytest.fixture

@@ -85,6 +85,17 @@ def _four_cases() -> str:
     )
 
 
+def _recorded(project: pytest.Pytester) -> None:
+    """Four shapes a variant, the fast variant's four cases stored in a baseline."""
+    project.makepyfile(test_k=_four_cases())
+    record_baseline(project, "-k", "fast").assert_outcomes(passed=4, deselected=4)
+
+
+def _guard(project: pytest.Pytester, mode: list[str], *args: str, env: dict[str, str]) -> pytest.RunResult:
+    """The guard over the fast variant's cases, its results in r.json."""
+    return run(project, mode, "--perfguard", "-k", "fast", "--perfguard-json", "r.json", *args, env=env)
+
+
 def _fast(project: pytest.Pytester, name: str) -> list[dict[str, Any]]:
     doc = json.loads((project.path / name).read_text())
     return [r for r in doc["results"] if r["variant"] == "fast"]
@@ -106,20 +117,8 @@ def test_regressions_past_the_single_confirmations_are_confirmed_together(
     """Four cases slower in the guard's process only, one single confirmation a session: the rest wait for
     the batch, which does not repeat the slowdown either, so every case is inconclusive, none failed and
     none left unconfirmed. Under -n 2 each worker confirms one case alone and batches its others."""
-    project.makepyfile(test_k=_four_cases())
-    record_baseline(project, "-k", "fast").assert_outcomes(passed=4, deselected=4)
-    result = run(
-        project,
-        mode,
-        "--perfguard",
-        "-k",
-        "fast",
-        "--perfguard-confirm-max",
-        "1",
-        "--perfguard-json",
-        "r.json",
-        env={"PLANT_ONCE": "1.5"},
-    )
+    _recorded(project)
+    result = _guard(project, mode, "--perfguard-confirm-max", "1", env={"PLANT_ONCE": "1.5"})
     result.assert_outcomes(passed=4)  # xdist's controller does not count its workers' deselected items
     fast = _fast(project, "r.json")
     assert [r["verdict"] for r in fast] == ["inconclusive"] * 4
@@ -144,21 +143,9 @@ def test_regressions_past_the_single_confirmations_are_confirmed_together(
 def test_a_regression_confirmed_by_the_batch_fails_with_its_reason(project: pytest.Pytester, mode: list[str]) -> None:
     """Slower in every process, no single confirmations at all: the batch confirms every case, and the
     items fail with the batch's confirmation in the reason, in pytest's outcome and in the results file."""
-    project.makepyfile(test_k=_four_cases())
-    record_baseline(project, "-k", "fast").assert_outcomes(passed=4, deselected=4)
-    result = run(
-        project,
-        mode,
-        "--perfguard",
-        "-k",
-        "fast",
-        "--perfguard-confirm-max",
-        "0",
-        "--perfguard-json",
-        "r.json",
-        "--junitxml",
-        "junit.xml",
-        env={"PLANT_SLOWDOWN": "1.5"},
+    _recorded(project)
+    result = _guard(
+        project, mode, "--perfguard-confirm-max", "0", "--junitxml", "junit.xml", env={"PLANT_SLOWDOWN": "1.5"}
     )
     result.assert_outcomes(failed=4)
     result.stdout.fnmatch_lines(
@@ -173,20 +160,8 @@ def test_a_regression_confirmed_by_the_batch_fails_with_its_reason(project: pyte
 
 
 def test_when_the_batch_process_fails_the_regressions_stand_and_say_why(project: pytest.Pytester) -> None:
-    project.makepyfile(test_k=_four_cases())
-    record_baseline(project, "-k", "fast").assert_outcomes(passed=4, deselected=4)
-    result = run(
-        project,
-        NO_XDIST,
-        "--perfguard",
-        "-k",
-        "fast",
-        "--perfguard-confirm-max",
-        "0",
-        "--perfguard-json",
-        "r.json",
-        env={"PLANT_ONCE": "1.5", "BREAK_BATCH": "1"},
-    )
+    _recorded(project)
+    result = _guard(project, NO_XDIST, "--perfguard-confirm-max", "0", env={"PLANT_ONCE": "1.5", "BREAK_BATCH": "1"})
     result.assert_outcomes(failed=4, deselected=4)
     result.stdout.fnmatch_lines(
         [
@@ -204,20 +179,14 @@ def test_when_the_batch_process_fails_the_regressions_stand_and_say_why(project:
 def test_a_batch_past_its_measurement_bound_leaves_the_rest_standing_and_says_so(project: pytest.Pytester) -> None:
     """The batch's process measures for at most twice what its cases took here, plus one case's budget: in a
     slow one the first case is confirmed, and the regressions past the bound stand, saying so."""
-    project.makepyfile(test_k=_four_cases())
-    record_baseline(project, "-k", "fast").assert_outcomes(passed=4, deselected=4)
-    result = run(
+    _recorded(project)
+    result = _guard(
         project,
         NO_XDIST,
-        "--perfguard",
-        "-k",
-        "fast",
         "--perfguard-confirm-max",
         "0",
         "--perfguard-case-budget",
         "1",
-        "--perfguard-json",
-        "r.json",
         env={"PLANT_SLOWDOWN": "1.5", "SLOW_BATCH_S": "25"},
     )
     result.assert_outcomes(failed=4, deselected=4)

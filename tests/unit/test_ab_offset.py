@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from pytest_perfguard.record import CaseRecord, Gate, Status
 from pytest_perfguard.run.ab import aa_base, use_stored_offset
 from pytest_perfguard.run.session import aa_reading
 from pytest_perfguard.settings import AB_PROCESS_SD, AB_SMALL_NS, AB_SMALL_PROCESS_SD, BY_NAME, Settings, convert
+from tests.test_ab import _git
 from tests.unit.recorded_aa import records
 
 DEVICE: dict[str, Any] = {"slug": "nvidia-h100-80gb-hbm3", "name": "NVIDIA H100 80GB HBM3"}
@@ -351,18 +350,6 @@ def test_perfguard_show_prints_what_the_readings_fit(tmp_path: Path, capsys: pyt
 
 
 # ------------------------------------------------------------------------------------- the A/A revision
-
-
-def _git(path: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    return subprocess.run(
-        ["git", *args],
-        cwd=path,
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**env, "HOME": str(path), "PATH": os.environ["PATH"]},
-    ).stdout.strip()
 
 
 @pytest.fixture
