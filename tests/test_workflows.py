@@ -233,8 +233,28 @@ def _run_act(
     return proc
 
 
+ACT_JOB = re.compile(r"^\[(?P<job>[^\]]+?)\s*\] ")
+
+
+def _failed_jobs(out: str, lines_each: int = 80) -> str:
+    """The last lines of each job that act reports as failed: with parallel jobs the output's tail is the
+    last job's, which is seldom the one that failed."""
+    by_job: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        found = ACT_JOB.match(line)
+        if found:
+            by_job.setdefault(found.group("job"), []).append(line)
+    parts = [
+        f"--- failed job {job} (last {lines_each} lines) ---\n" + "\n".join(lines[-lines_each:])
+        for job, lines in by_job.items()
+        if any("Job failed" in line for line in lines)
+    ]
+    return "\n".join(parts)
+
+
 def _act_output(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"exit code {proc.returncode}\n--- act output (tail) ---\n{(proc.stdout + proc.stderr)[-12000:]}"
+    out = proc.stdout + proc.stderr
+    return f"exit code {proc.returncode}\n{_failed_jobs(out)}\n--- act output (tail) ---\n{out[-6000:]}"
 
 
 @needs_act
