@@ -66,6 +66,10 @@ def _interval(value: Any) -> Interval | None:
     return (float(lo), float(hi))
 
 
+# A test parameter as a record keeps it: a plain JSON value (the runner writes any other value as its repr).
+Param = int | float | str | bool | None
+
+
 GATE_FIELDS = ("gate", "status", "estimate", "ci", "threshold", "reason", "mde")
 
 
@@ -251,6 +255,65 @@ class Confirmed:
         )
 
 
+CORRECTNESS_FIELDS = ("passed", "seeds", "dtype", "max_abs", "rel_fro", "worst_index", "native_max_abs", "message")
+
+
+@dataclass
+class Correctness:
+    """The correctness gate's summary (measure/correctness.py): whether the variant matched the float64
+    reference on every seed, the inputs' dtype, the worst error (absolute, and relative in the Frobenius
+    norm), where it was, the error of the reference computed in the inputs' own dtype there, and why it
+    failed. In JSON an object of those eight keys."""
+
+    passed: bool
+    seeds: list[int] = field(default_factory=list)
+    dtype: str = ""
+    max_abs: float | None = None
+    rel_fro: float | None = None
+    worst_index: list[int] | None = None
+    native_max_abs: float | None = None
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "seeds": list(self.seeds),
+            "dtype": self.dtype,
+            "max_abs": self.max_abs,
+            "rel_fro": self.rel_fro,
+            "worst_index": list(self.worst_index) if self.worst_index is not None else None,
+            "native_max_abs": self.native_max_abs,
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Correctness:
+        what = "correctness"
+        obj = _fields(obj, CORRECTNESS_FIELDS, what)
+        passed = obj.get("passed")
+        if not isinstance(passed, bool):
+            raise RecordError(f"correctness field 'passed' must be true or false, got {json.dumps(passed)[:60]}")
+        seeds, index = _list(obj, "seeds", what), obj.get("worst_index")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+            raise RecordError(f"correctness field 'seeds' must be a list of integers, got {json.dumps(seeds)[:60]}")
+        if index is not None and (
+            not isinstance(index, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in index)
+        ):
+            raise RecordError(
+                f"correctness field 'worst_index' must be a list of integers or null, got {json.dumps(index)[:60]}"
+            )
+        return cls(
+            passed=passed,
+            seeds=list(seeds),
+            dtype=_optional_string(obj, "dtype", what) or "",
+            max_abs=_optional_number(obj, "max_abs", what),
+            rel_fro=_optional_number(obj, "rel_fro", what),
+            worst_index=list(index) if index is not None else None,
+            native_max_abs=_optional_number(obj, "native_max_abs", what),
+            message=_optional_string(obj, "message", what) or "",
+        )
+
+
 AB_FIELDS = ("against", "sha", "group_ratios", "groups")
 
 
@@ -300,14 +363,14 @@ class CaseRecord:
     id: str
     test: str = ""
     variant: str = ""
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Param] = field(default_factory=dict)  # the test's parameters, by name
     outcome: Outcome = Outcome.SKIPPED
     verdict: Status | None = None
     reasons: list[str] = field(default_factory=list)
     seeds: list[int] | None = None
     workload: str | None = None
     workload_desc: str | None = None
-    correctness: dict[str, Any] | None = None
+    correctness: Correctness | None = None
     env: dict[str, str] | None = None
     # timing
     median_ns: float | None = None
@@ -369,7 +432,7 @@ class CaseRecord:
                 value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
-            elif isinstance(value, Explanation | Confirmed | AbComparison):
+            elif isinstance(value, Explanation | Confirmed | AbComparison | Correctness):
                 value = value.to_json()
             elif f.name == "gates":
                 value = [g.to_json() for g in value]
@@ -402,6 +465,13 @@ class CaseRecord:
             data["confirmation"] = Confirmed.from_json(data["confirmation"])
         if data.get("ab") is not None:
             data["ab"] = AbComparison.from_json(data["ab"])
+        params = data.get("params", {})
+        if not isinstance(params, dict) or not all(
+            isinstance(v, int | float | str | bool) or v is None for v in params.values()
+        ):
+            raise RecordError(f"field 'params' must be an object of plain values, got {json.dumps(params)[:60]}")
+        if data.get("correctness") is not None:
+            data["correctness"] = Correctness.from_json(data["correctness"])
         try:
             data["explain"] = None if data.get("explain") is None else Explanation.from_json(data["explain"])
         except Invalid as exc:

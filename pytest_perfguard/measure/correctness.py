@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..record import Correctness
+
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 # Backstop bounds (atol, rtol) per dtype. KernelBench uses 1e-2 for half precision; bf16 has 3 fewer
@@ -125,20 +127,21 @@ class CorrectnessReport:
     def rel_fro(self) -> float:
         return max((s.rel_fro for s in self.per_seed), default=math.nan)
 
-    def to_json(self) -> dict[str, Any]:
+    def summary(self) -> Correctness:
+        """What the record keeps of the gate: the worst error over the seeds and where it was."""
         worst = max(self.per_seed, key=lambda s: s.max_abs, default=None)
-        return {
-            "passed": self.passed,
-            "seeds": self.seeds,
-            "dtype": self.dtype,
-            "max_abs": _finite_or_none(self.max_abs),
-            "rel_fro": _finite_or_none(self.rel_fro),
-            "worst_index": list(worst.worst_index) if worst else None,
-            "native_max_abs": _finite_or_none(worst.native_max_abs)
+        return Correctness(
+            passed=self.passed,
+            seeds=list(self.seeds),
+            dtype=self.dtype,
+            max_abs=_finite_or_none(self.max_abs),
+            rel_fro=_finite_or_none(self.rel_fro),
+            worst_index=list(worst.worst_index) if worst else None,
+            native_max_abs=_finite_or_none(worst.native_max_abs)
             if worst and worst.native_max_abs is not None
             else None,
-            "message": self.message,
-        }
+            message=self.message,
+        )
 
 
 def _finite_or_none(x: float | None) -> float | None:

@@ -9,118 +9,33 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
-import inspect
-import math
 import os
-import random
 import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
-from datetime import date
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
-from ..judge import baseline as bl
-from ..judge.stats import relative_half_width
-from ..judge.verdict import Verdict, ab_gate, ab_progress, case_mde, decide, unpaired_gate
+from ..judge.baseline import BaselineEntry
+from ..judge.verdict import Verdict, case_mde
 from ..locks import device_lock
-from ..marker import VARIANT_ARG, PerfCase, Variant, unmet_requirement
-from ..measure import integrity, peaks
-from ..measure.correctness import CorrectnessReport, Inputs, Oracle, check
-from ..measure.cpuwatch import CpuWatch
-from ..measure.device import Disturbances, incomparable, lock_name, manual_seed
-from ..measure.timing import Call, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
-from ..record import AbComparison, CaseRecord, Outcome, Status
-from .ab import Twin, base_arguments
+from ..marker import PerfCase, Variant, unmet_requirement
+from ..measure import integrity
+from ..measure.correctness import CorrectnessReport, Inputs, check
+from ..measure.device import incomparable, lock_name, manual_seed
+from ..measure.timing import Progress
+from ..record import CaseRecord, Outcome, Status
+from .checks import IntegrityChecks
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .session import SessionState
+from .timed import TimedStep, engine_bindings, timer_for
 from .watchdog import Deadline, deadline
-
-
-def _normalize_inputs(value: Any, test_name: str) -> Inputs:
-    if (
-        isinstance(value, tuple)
-        and len(value) == 2
-        and isinstance(value[0], tuple | list)
-        and isinstance(value[1], dict)
-    ):
-        return tuple(value[0]), dict(value[1])
-    raise TypeError(
-        f"{test_name} must return (args, kwargs), e.g. `return (q, k, v), {{'causal': True}}`; "
-        f"got {type(value).__name__}"
-    )
-
-
-def describe_workload(inputs: Inputs) -> str:
-    """Canonical text of what was computed: shapes, dtypes and plain arguments, never values."""
-    args, kwargs = inputs
-
-    def one(x: Any) -> str:
-        if isinstance(x, torch.Tensor):
-            return f"{str(x.dtype).replace('torch.', '')}[{','.join(map(str, x.shape))}]"
-        return repr(x)
-
-    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())]
-    return " ".join(parts)
-
-
-def workload_hash(desc: str) -> str:
-    return hashlib.sha256(desc.encode()).hexdigest()
-
-
-def input_bytes(inputs: Inputs) -> int:
-    args, kwargs = inputs
-    tensors = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _draw_seeds(n: int, fixed: int | None) -> list[int]:
-    if fixed is not None:
-        return [fixed + i for i in range(n)]
-    sysrand = random.SystemRandom()
-    return [sysrand.randrange(1, 2**31 - 1) for _ in range(n)]
-
-
-def _count(what: str, fn: Callable[..., float] | None, params: dict[str, Any]) -> float | None:
-    """The case's `flops` or `bytes` callable applied to the test parameters it names."""
-    if fn is None:
-        return None
-    names = inspect.signature(fn).parameters
-    try:
-        return float(fn(**{k: params[k] for k in names if k in params}))
-    except Exception as exc:
-        raise TypeError(f"{what} callable failed with the test parameters {sorted(params)}: {exc}") from exc
-
-
-def _max_ratio(trial: Trial) -> float | None:
-    """The variant's own max_ratio, else its case's: the ratio gate that decides in every mode."""
-    return trial.variant.max_ratio if trial.variant.max_ratio is not None else trial.case.max_ratio
-
-
-def _flops(case: PerfCase, params: dict[str, Any]) -> float | None:
-    return _count("flops", case.flops, params)
-
-
-def _tensor_bytes(value: object) -> int:
-    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
-
-
-def _display_params(item: pytest.Item) -> dict[str, Any]:
-    callspec = getattr(item, "callspec", None)
-    raw = dict(callspec.params) if callspec is not None else {}
-    raw.pop(VARIANT_ARG, None)
-    return {k: v if isinstance(v, int | float | str | bool) or v is None else repr(v) for k, v in raw.items()}
-
-
-def _finite(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
+from .workload import Trial, describe_workload, display_params, draw_seeds, normalize_inputs, workload_hash
 
 _STICKY = (
     "illegal memory access",
@@ -131,8 +46,9 @@ _STICKY = (
 )
 
 
-# The plugin's own frames, cut from the front of a variant's traceback so pytest shows the user's code first.
-_OWN_FILES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The plugin's own frames (the whole package's: the runner's steps call measure/'s), cut from the front of a
+# variant's traceback so pytest shows the user's code first.
+_OWN_FILES = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _from_user_code(exc: BaseException) -> BaseException:
@@ -154,34 +70,6 @@ def gpu_diagnostics() -> str:
     parts.append(f"nvidia-smi {'found' if shutil.which('nvidia-smi') else 'not found'}")
     parts.append(f"nvcc {'found' if shutil.which('nvcc') else 'not found'}")
     return "Diagnostics: " + ", ".join(parts)
-
-
-@dataclass
-class Trial:
-    """What the measure step works on: the case, its variant and a source of input copies."""
-
-    case: PerfCase
-    variant_name: str
-    variant: Variant
-    params: dict[str, Any]
-    make_inputs: Callable[[int], Inputs]
-    seeds: list[int]
-    first: Inputs
-    oracles: list[Oracle] = field(default_factory=list)  # the correctness gate's, for the timed-output check
-    constants: list[integrity.Constant] = field(default_factory=list)  # inputs that hold one value
-
-    def calls(self, fn: Callable[..., Any]) -> Callable[[int], Call]:
-        """Input copy i -> a call of `fn` on it. Every side of a measurement shares the copies."""
-        copies: dict[int, Inputs] = {0: self.first}
-        base_seed = self.seeds[0] + 10_007
-
-        def make(i: int) -> Call:
-            if i not in copies:
-                copies[i] = self.make_inputs(base_seed + i)
-            args, kwargs = copies[i]
-            return lambda: fn(*args, **kwargs)
-
-        return make
 
 
 class Runner:
@@ -208,7 +96,7 @@ class Runner:
             id=self.item.nodeid,
             test=getattr(self.item, "originalname", self.item.name),
             variant=variant_name,
-            params=_display_params(self.item),
+            params=display_params(self.item),
         )
         with deadline(self.state.settings.case_timeout, self.item.nodeid, lambda m: self._expire(record, m)) as clock:
             self._clock = clock
@@ -310,6 +198,7 @@ class Runner:
     def _steps(
         self, record: CaseRecord, case: PerfCase, variant_name: str, factory: Callable[[], Any], params: dict[str, Any]
     ) -> None:
+        """Requirements, inputs, the correctness gate; then, under --perfguard, the timed steps."""
         s = self.state.settings
         variant = case.variants[variant_name]
         self._stage = "requirements"
@@ -318,16 +207,16 @@ class Runner:
 
         def make_inputs(seed: int) -> Inputs:
             manual_seed(seed)
-            return _normalize_inputs(factory(), record.test)
+            return normalize_inputs(factory(), record.test)
 
-        seeds = _draw_seeds(case.seeds, s.seed)
+        seeds = draw_seeds(case.seeds, s.seed)
         record.seeds = seeds
         first = make_inputs(seeds[0])
         record.workload_desc = describe_workload(first)
         record.workload = workload_hash(record.workload_desc)
         self._stage = "correctness check"
-        checks: dict[str, float] = {}  # seconds per integrity check, outside the timed window
-        probe = self._fallback_probe(variant) if s.enabled else None
+        checks = IntegrityChecks(s, self.state.kind, self._lock, engine_bindings())
+        probe = checks.probe(variant) if s.enabled else None
         report = self._correctness(record, case, variant, make_inputs, seeds, first, probe)
         if not report.passed:
             return
@@ -341,177 +230,49 @@ class Runner:
                 self._fail(record, record.reasons[0])
             return
         trial = Trial(case, variant_name, variant, params, make_inputs, seeds, first, report.oracles)
-        twin = self._twin(trial, record) if s.against else None
+        self._timed_steps(record, trial, report, checks, probe)
+
+    def _timed_steps(
+        self,
+        record: CaseRecord,
+        trial: Trial,
+        report: CorrectnessReport,
+        checks: IntegrityChecks,
+        probe: integrity.ProfiledCall | None,
+    ) -> None:
+        """Pair with the base revision, check, time and judge, check again, confirm: the case's verdict."""
+        s = self.state.settings
+        step = TimedStep(self.state, self.item, self._lock, self._on_progress())
+        twin = None
+        if s.against:
+            self._stage = "pairing with the base revision"
+            twin = step.pair(trial, record)
         self._stage = "integrity checks"
-        flag = self._before_timing(trial, report, probe, checks)
+        flag = checks.before_timing(trial, report, probe)
         if flag:
-            self._checks_spent(record, checks)
+            checks.record_spent(record)
             self._flag(record, flag, [])
             return
         self._stage = "timing"
-        timer = make_timer(s.device, case.clock)
+        timer = timer_for(s.device, trial.case.clock)
         t0 = time.monotonic()
-        m, verdict = self._measure_and_judge(trial, record, twin, timer)
+        m, verdict = step.measure_and_judge(trial, record, twin, timer)
         self.timing_s = time.monotonic() - t0
         self.state.timing_spent_s += self.timing_s
-        self._record_timing(record, trial, m, verdict)
+        step.record_timing(record, trial, m)
         self._stage = "integrity checks"
-        flag = self._after_timing(trial, record, m, timer, checks)
-        self._checks_spent(record, checks)
+        flag = checks.after_timing(trial, record, m, timer)
+        checks.record_spent(record)
         if flag:
             self._flag(record, flag, verdict.notes)
             return
-        self._confirm_and_conclude(record, trial, verdict)
-
-    # ------------------------------------------------------------------------------------- integrity
+        self._confirm_and_conclude(record, trial, verdict, step.stored())
 
     def _flag(self, record: CaseRecord, message: str, notes: list[str]) -> None:
         """A timing the guard cannot believe fails the case: never inconclusive, never faster, never a baseline."""
         record.reasons = [message]
         record.notes = [*record.notes, *notes]
         self._fail(record, f"{record.variant}: flagged: {message}", Status.FLAGGED)
-
-    def _engine_bindings(self) -> dict[str, tuple[Any, Any]]:
-        original = integrity.ORIGINAL_TIMERS
-        return {
-            f"{__name__}.{name}": (globals()[name], original[f"{Measurement.__module__}.{name}"])
-            for name in ("measure", "make_timer", "pooled")
-        }
-
-    @contextlib.contextmanager
-    def _check(self, checks: dict[str, float], name: str) -> Iterator[None]:
-        """Adds the wall time of the block to `checks[name]`. On CUDA the block ends with a synchronise, so
-        the device work a check queued is its own cost, not the next step's. Enter it inside the device
-        lock: waiting for the lock is not a check's cost."""
-        t0 = time.monotonic()
-        try:
-            yield
-        finally:
-            if self.state.kind == "cuda":
-                torch.cuda.synchronize(torch.device(self.state.settings.device))
-            checks[name] = checks.get(name, 0.0) + time.monotonic() - t0
-
-    @staticmethod
-    def _checks_spent(record: CaseRecord, checks: dict[str, float]) -> None:
-        record.checks = {name: round(spent, 4) for name, spent in sorted(checks.items())}
-        record.checks_s = round(sum(checks.values()), 4)
-
-    def _fallback_probe(self, variant: Variant) -> integrity.ProfiledCall | None:
-        """The profiler wrapped around the correctness gate's last call, for a variant that declares
-        `not_kernels`."""
-        if not variant.not_kernels:
-            return None
-        return integrity.ProfiledCall(torch.device(self.state.settings.device) if self.state.kind == "cuda" else None)
-
-    def _before_timing(
-        self,
-        trial: Trial,
-        report: CorrectnessReport,
-        probe: integrity.ProfiledCall | None,
-        checks: dict[str, float],
-    ) -> str | None:
-        """Checks that need no timing: a patched timer, a declared kernel that is not, constant inputs."""
-        with self._check(checks, "patched timer"):
-            patched = integrity.patched_timers(self._engine_bindings())
-        if patched:
-            return integrity.patched_message(patched)
-        if probe is not None and probe.names is not None:
-            # The profiled call is the gate's last; the check's cost is what the profiler added to it: that
-            # call's time minus the gate's previous, unprofiled call (at least the profiler's own start, stop
-            # and parse). With one seed there is no previous call, and the whole call counts.
-            profiled = report.per_seed[-1].call_s
-            plain = report.per_seed[-2].call_s if len(report.per_seed) > 1 else 0.0
-            checks["silent fallback"] = max(probe.own_s, profiled - plain)
-            fallback = integrity.forbidden_kernel(probe.names, trial.variant.not_kernels)
-            if fallback:
-                return fallback
-        with self._lock(exclusive=False), self._check(checks, "degenerate input"):
-            trial.constants = integrity.constant_inputs(trial.first)
-        return None
-
-    def _after_timing(
-        self, trial: Trial, record: CaseRecord, m: Measurement, timer: Timer, checks: dict[str, float]
-    ) -> str | None:
-        """What was timed is what was checked; the events saw the work; the speed is physically possible;
-        a constant input is not a shortcut."""
-        with self._check(checks, "patched timer"):
-            patched = integrity.patched_timers(self._engine_bindings())
-        if patched:
-            return integrity.patched_message(patched)
-        s, case = self.state.settings, trial.case
-        overrides = [case.tolerance, trial.variant.tolerance]
-
-        def fresh() -> tuple[int, Inputs]:
-            seed = _draw_seeds(1, s.seed + 7919 if s.seed is not None else None)[0]
-            return seed, trial.make_inputs(seed)
-
-        with self._lock(exclusive=True), self._check(checks, "timed outputs"):
-            wrong = integrity.timed_outputs(
-                m.outputs,
-                m.sample,
-                trial.first,
-                case.reference,
-                overrides,
-                seed=trial.seeds[0],
-                oracles=trial.oracles,
-                fresh=fresh,
-            )
-        if wrong:
-            return wrong
-        forked = integrity.forked_work(getattr(m.sample, "capture_error", None))
-        if forked:
-            return forked
-        if m.mode.startswith("cuda"):
-            with self._lock(exclusive=True), self._check(checks, "unseen work"):
-                overhead = timer.overhead_ns()
-            hidden = integrity.unseen_work(m.gap_ns, m.sample_ns, overhead, m.reps)
-            if hidden:
-                return hidden
-        with self._check(checks, "physics"):
-            impossible = self._physics(record, trial, m)
-        if impossible or not trial.constants:
-            return impossible
-        seed = _draw_seeds(1, s.seed + 104_729 if s.seed is not None else None)[0]
-        assert m.sample is not None  # measure() always returns the variant's sample
-        with self._lock(exclusive=True), self._check(checks, "degenerate input"):
-            seen = integrity.degenerate_inputs(
-                trial.variant.fn,
-                trial.first,
-                trial.constants,
-                timer,
-                m.sample,
-                reps=m.reps,
-                degenerate_ns=m.time.estimate,
-                spent_ns=m.elapsed_s * 1e9,
-                reference=case.reference,
-                overrides=overrides,
-                seed=seed,
-            )
-        if seen.note:
-            record.notes.append(seen.note)
-        return seen.flag
-
-    def _physics(self, record: CaseRecord, trial: Trial, m: Measurement) -> str | None:
-        """% of peak for the record, and the flag when a throughput exceeds the device's peak."""
-        if self.state.kind != "cuda":
-            record.notes.append("physics check: not on CPU (no peak table for a host)")
-            return None
-        device = torch.device(self.state.settings.device)
-        name, peak = peaks.device_peak(device.index if device.index is not None else torch.cuda.current_device())
-        if peak is None:
-            record.notes.append(f"physics check skipped: no peak known for {name}")
-            return None
-        dtype = (record.correctness or {}).get("dtype", "")
-        record.pct_peak_compute, record.pct_peak_bandwidth = (
-            _finite(None if x is None else round(x, 2))
-            for x in peaks.percent_of_peak(peak, tflops=record.tflops, gbps=record.gbps, dtype=dtype)
-        )
-        # Derived bytes count the output, which may still sit in L2 when the events stop: the bound uses the
-        # inputs alone, read cold (the L2 is flushed before every sample). Given bytes are taken as given.
-        given = trial.case.bytes is not None
-        bound_bytes = record.bytes if given else float(input_bytes(trial.first))
-        bound_gbps = bound_bytes / m.time.estimate if bound_bytes and m.time.estimate > 0 else None
-        return peaks.impossible_speed(peak, tflops=record.tflops, gbps=bound_gbps)
 
     def _runnable(self, record: CaseRecord, variant: Variant) -> bool:
         s = self.state.settings
@@ -551,202 +312,18 @@ class Runner:
             )
         floats = [t for t in [*first[0], *first[1].values()] if isinstance(t, torch.Tensor) and t.is_floating_point()]
         report.dtype = str(floats[0].dtype).replace("torch.", "") if floats else ""
-        record.correctness = report.to_json()
-        record.correctness["dtype"] = report.dtype
+        record.correctness = report.summary()
         if not report.passed:
             record.reasons = [report.message]
             self._fail(record, f"{record.variant}: incorrect: {report.message}", Status.INCORRECT)
         return report
 
-    def _twin(self, trial: Trial, record: CaseRecord) -> Twin:
-        """The case at the base revision, checked: same workload, correct on the same inputs."""
-        base = self.state.base
-        assert base is not None
-        self._stage = "pairing with the base revision"
-        twin: Twin = base.twin(self.item, trial.variant_name)
-        if not twin.ok:
-            return twin
-        assert twin.variant is not None
-        args = base_arguments(twin.factory, trial.params)
-        if isinstance(args, str):
-            return Twin(Status.NOT_COMPARABLE, args)
-        try:
-            manual_seed(trial.seeds[0])
-            desc = describe_workload(_normalize_inputs(twin.factory(**args), record.test))
-        except Exception as exc:
-            return Twin(Status.NO_BASE, f"no base: the base test's inputs raised {type(exc).__name__}: {exc}")
-        if desc != record.workload_desc:
-            return Twin(
-                Status.NOT_COMPARABLE,
-                f"not comparable: the workload differs at {base.rev} (head: {record.workload_desc}; base: {desc})",
-            )
-        case, variant = trial.case, twin.variant
-        try:
-            with self._lock(exclusive=False):
-                report = check(
-                    variant.fn, case.reference, trial.make_inputs, trial.seeds, [case.tolerance, variant.tolerance]
-                )
-        except Exception as exc:
-            return Twin(Status.NO_BASE, f"no base: the base variant raised {type(exc).__name__}: {exc}")
-        if not report.passed:
-            return Twin(Status.NO_BASE, f"no base: base incorrect: {report.message}")
-        return twin
-
-    def _config(self) -> MeasureConfig:
-        s = self.state.settings
-        # On a GPU, blocks spread over at least 0.3 s (nvbench keeps 0.5 s): a few milliseconds of samples
-        # see one clock state and give intervals far narrower than the run-to-run spread.
-        min_time = min(0.3, s.case_budget / 2) if self.state.kind == "cuda" else 0.0
-        return MeasureConfig(target=s.ci_target, budget_s=s.case_budget, min_time_s=min_time)
-
-    def _measure_and_judge(
-        self, trial: Trial, record: CaseRecord, twin: Twin | None, timer: Timer
-    ) -> tuple[Measurement, Verdict]:
-        """Measure, judge; a regressed or inconclusive case is measured once more in a fresh order and
-        judged on all blocks together. A disturbed measurement is measured once more, in an update too:
-        when the second is clean it is judged alone, else the case stays disturbed (inconclusive, never
-        stored)."""
-        s, case = self.state.settings, trial.case
-        cfg = self._config()
-        base = trial.calls(twin.variant.fn) if twin is not None and twin.variant is not None else None
-        if base is not None:
-            policy = self.state.policy()
-
-            def progress(ratios: Sequence[float], time_ns: float) -> float:
-                return ab_progress(
-                    ratios, policy, s.ab_margin_for(time_ns), s.ab_detect_for(time_ns), s.ab_process_sd_for(time_ns)
-                )
-
-            # The A/B gate decides: measure until its MDE reaches its promise; the ratio to `against` is
-            # reported, and need not narrow unless a max_ratio gate judges it.
-            cfg = replace(cfg, ab_progress=progress, stop_on_ratio=_max_ratio(trial) is not None)
-        watch = self._watch(case)
-        against = trial.calls(case.against) if case.against is not None else None
-        nbytes = input_bytes(trial.first)
-        on_progress = self._on_progress()
-        with self._lock(exclusive=True):
-            m = measure(
-                trial.calls(trial.variant.fn),
-                against,
-                timer,
-                cfg,
-                bytes_per_copy=nbytes,
-                watch=watch,
-                base=base,
-                on_progress=on_progress,
-            )
-        if isinstance(watch, CpuWatch) and watch.unwatched:
-            record.notes.append(watch.unwatched)
-        record.env = self._env(case, trial.first)
-        verdict = self._judge(trial, record, m, twin)
-        disturbed = list(m.notes)
-        if disturbed or (verdict.needs_remeasure and not s.update):
-            with self._lock(exclusive=True):
-                m2 = measure(
-                    trial.calls(trial.variant.fn),
-                    against,
-                    timer,
-                    cfg,
-                    copies=m.reps,
-                    bytes_per_copy=nbytes,
-                    watch=watch,
-                    base=base,
-                    on_progress=on_progress,
-                )
-            if disturbed and not m2.notes:
-                # The disturbance passed: the clean blocks alone are judged (and stored by an update).
-                m, note = m2, "re-measured once: the first measurement was disturbed (" + "; ".join(disturbed) + ")"
-            else:
-                m, note = pooled(m, m2, cfg.confidence), "re-measured once in a fresh order (blocks pooled)"
-            verdict = self._judge(trial, record, m, twin)
-            verdict.notes.append(note)
-        if verdict.disturbances:
-            off = " (where the load is by design, --perfguard-no-cpu-watch)" if isinstance(watch, CpuWatch) else ""
-            verdict.notes.append(
-                f"disturbed {'in both measurements' if disturbed else 'in the re-measurement'}: inconclusive, "
-                f"never a failure, and never stored as a baseline; time it on a quiet machine{off}"
-            )
-        return m, verdict
-
-    def _watch(self, case: PerfCase) -> Watch | None:
-        """What watches the machine while the case is timed: NVML on a GPU; on CPU the host's load, unless
-        the case times on an injected clock (the host's load cannot move it) or the watch is turned off."""
-        s = self.state.settings
-        if self.state.kind == "cuda":
-            return Disturbances.open(s.device)
-        if case.clock is not None or not s.cpu_watch:
-            return None
-        return CpuWatch()
-
-    def _stored(self) -> bl.BaselineEntry | None:
-        baseline = self.state.baseline
-        return baseline.cases.get(self.item.nodeid) if baseline is not None else None
-
-    def _judge(self, trial: Trial, record: CaseRecord, m: Measurement, twin: Twin | None) -> Verdict:
-        s = self.state.settings
-        stored = self._stored()
-        env = record.env or {}
-        verdict = decide(
-            m.variant_blocks,
-            m.against_blocks,
-            None if s.update else stored,
-            workload=record.workload or "",
-            env=env,
-            policy=self.state.policy(),
-            max_ratio=_max_ratio(trial),
-            incomparable=incomparable(stored.env, env) if stored is not None else [],
-            disturbances=m.notes,
-        )
-        if twin is not None:
-            policy = self.state.policy()
-            ratios = m.ab_ratios()
-            gate = (
-                ab_gate(ratios, policy, s.ab_margin_for(m.time.estimate), s.ab_process_sd_for(m.time.estimate))
-                if twin.ok
-                else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
-            )
-            verdict.gates.insert(0, gate)
-            verdict.deciding = frozenset({"ab", "max_ratio"})
-        return verdict
-
-    def _record_timing(self, record: CaseRecord, trial: Trial, m: Measurement, verdict: Verdict) -> None:
-        case = trial.case
-        flops = _flops(case, trial.params)
-        record.median_ns = m.time.estimate
-        record.ci_ns = (m.time.lo, m.time.hi)
-        record.ci_rel = _finite(relative_half_width(m.log_time))
-        if m.ratio is not None:
-            record.ratio, record.ratio_ci = m.ratio.estimate, (m.ratio.lo, m.ratio.hi)
-        record.against = case.against_name if case.against is not None else None
-        record.blocks, record.reps, record.samples_per_block = m.blocks, m.reps, m.samples_per_block
-        record.mode, record.stop_reason = m.mode, m.stop_reason
-        record.elapsed_s, record.wall_ratio = round(m.elapsed_s, 4), round(m.wall_ratio, 3)
-        record.flops = flops
-        record.tflops = (flops / (m.time.estimate * 1e-9) / 1e12) if flops else None
-        nbytes = _count("bytes", case.bytes, trial.params)
-        if nbytes is None:  # what the call must read and write at least: its inputs and its output
-            nbytes = float(input_bytes(trial.first) + _tensor_bytes(m.outputs.get(0)))
-        record.bytes = nbytes
-        record.gbps = nbytes / m.time.estimate if nbytes and m.time.estimate > 0 else None
-        record.variant_blocks = [round(x, 3) for x in m.variant_blocks]
-        record.against_blocks = [round(x, 3) for x in m.against_blocks] if m.against_blocks else None
-        if m.base_blocks is not None:
-            record.base_blocks = [round(x, 3) for x in m.base_blocks]
-            base = self.state.base
-            record.ab = AbComparison(
-                against=base.rev if base is not None else None,
-                sha=base.sha if base is not None else None,
-                group_ratios=[round(x, 6) for x in m.ab_ratios()],
-                groups=m.groups,
-            )
-        record.updated = date.today().isoformat()
-        record.outcome = Outcome.PASSED
-
-    def _confirm_and_conclude(self, record: CaseRecord, trial: Trial, verdict: Verdict) -> None:
+    def _confirm_and_conclude(
+        self, record: CaseRecord, trial: Trial, verdict: Verdict, stored: BaselineEntry | None
+    ) -> None:
         """Confirm a regression (or an update's large move) in a fresh process, then set the outcome."""
         s = self.state.settings
         status = verdict.status
-        stored = self._stored()
         confirmation: Confirmation | None = None
         if status is Status.REGRESSED and not s.update:
             confirmation = confirm_regression(self, verdict)
@@ -813,16 +390,6 @@ class Runner:
             self._fail(record, f"--perfguard-strict ({status}): " + "; ".join(record.reasons) + hint)
 
     # ------------------------------------------------------------------------------------------ helpers
-
-    def _env(self, case: PerfCase, inputs: Inputs) -> dict[str, str]:
-        info = self.state.device_info
-        env = {k: str(info.get(k)) for k in ("name", "capability", "torch", "triton", "cuda")}
-        if case.against_backend is not None:
-            try:
-                env["against_backend"] = str(case.against_backend(*inputs[0], **inputs[1]))
-            except Exception as exc:
-                env["against_backend"] = f"unknown ({type(exc).__name__})"
-        return env
 
     def fresh_process_timeout(self) -> float | None:
         s = self.state.settings

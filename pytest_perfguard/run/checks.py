@@ -1,0 +1,180 @@
+"""The integrity steps around one case's timing: what the guard checks before it times (a patched timer, a
+declared kernel that is not the one run, constant inputs) and after (the timed outputs are the checked
+ones, the events saw the work, the speed is physically possible, a constant input is no shortcut).
+
+Each check's wall time is counted apart from the case's time (`CaseRecord.checks`). The checks live in
+measure/integrity.py; this module runs them in the case's order, under the device lock they need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from ..marker import Variant
+from ..measure import integrity, peaks
+from ..measure.correctness import CorrectnessReport, Inputs
+from ..measure.timing import Measurement, Timer
+from ..record import CaseRecord
+from ..settings import Settings
+from .workload import Trial, draw_seeds, finite, input_bytes
+
+
+class DeviceLock(Protocol):
+    """The runner's lock on the case's device (shared for checks, exclusive for anything timed)."""
+
+    def __call__(self, *, exclusive: bool) -> AbstractContextManager[None]: ...
+
+
+class IntegrityChecks:
+    """The checks of one case, and the seconds each took."""
+
+    def __init__(self, settings: Settings, kind: str, lock: DeviceLock, bindings: dict[str, tuple[Any, Any]]) -> None:
+        self.settings = settings
+        self.kind = kind  # "cuda" or "cpu"
+        self.lock = lock
+        self.bindings = bindings  # the engine functions as the timing step holds them: (now, at import)
+        self.spent: dict[str, float] = {}  # seconds per check, outside the timed window
+
+    @contextlib.contextmanager
+    def _check(self, name: str) -> Iterator[None]:
+        """Adds the wall time of the block to `spent[name]`. On CUDA the block ends with a synchronise, so
+        the device work a check queued is its own cost, not the next step's. Enter it inside the device
+        lock: waiting for the lock is not a check's cost."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            if self.kind == "cuda":
+                torch.cuda.synchronize(torch.device(self.settings.device))
+            self.spent[name] = self.spent.get(name, 0.0) + time.monotonic() - t0
+
+    def probe(self, variant: Variant) -> integrity.ProfiledCall | None:
+        """The profiler wrapped around the correctness gate's last call, for a variant that declares
+        `not_kernels`."""
+        if not variant.not_kernels:
+            return None
+        return integrity.ProfiledCall(torch.device(self.settings.device) if self.kind == "cuda" else None)
+
+    def record_spent(self, record: CaseRecord) -> None:
+        record.checks = {name: round(s, 4) for name, s in sorted(self.spent.items())}
+        record.checks_s = round(sum(self.spent.values()), 4)
+
+    def _patched(self) -> str | None:
+        with self._check("patched timer"):
+            patched = integrity.patched_timers(self.bindings)
+        return integrity.patched_message(patched) if patched else None
+
+    def before_timing(
+        self, trial: Trial, report: CorrectnessReport, probe: integrity.ProfiledCall | None
+    ) -> str | None:
+        """Checks that need no timing: a patched timer, a declared kernel that is not, constant inputs."""
+        patched = self._patched()
+        if patched:
+            return patched
+        if probe is not None and probe.names is not None:
+            # The profiled call is the gate's last; the check's cost is what the profiler added to it: that
+            # call's time minus the gate's previous, unprofiled call (at least the profiler's own start, stop
+            # and parse). With one seed there is no previous call, and the whole call counts.
+            profiled = report.per_seed[-1].call_s
+            plain = report.per_seed[-2].call_s if len(report.per_seed) > 1 else 0.0
+            self.spent["silent fallback"] = max(probe.own_s, profiled - plain)
+            fallback = integrity.forbidden_kernel(probe.names, trial.variant.not_kernels)
+            if fallback:
+                return fallback
+        with self.lock(exclusive=False), self._check("degenerate input"):
+            trial.constants = integrity.constant_inputs(trial.first)
+        return None
+
+    def after_timing(self, trial: Trial, record: CaseRecord, m: Measurement, timer: Timer) -> str | None:
+        """What was timed is what was checked; the events saw the work; the speed is physically possible;
+        a constant input is not a shortcut."""
+        patched = self._patched()
+        if patched:
+            return patched
+        wrong = self._timed_outputs(trial, m)
+        if wrong:
+            return wrong
+        forked = integrity.forked_work(getattr(m.sample, "capture_error", None))
+        if forked:
+            return forked
+        if m.mode.startswith("cuda"):
+            with self.lock(exclusive=True), self._check("unseen work"):
+                overhead = timer.overhead_ns()
+            hidden = integrity.unseen_work(m.gap_ns, m.sample_ns, overhead, m.reps)
+            if hidden:
+                return hidden
+        with self._check("physics"):
+            impossible = self._physics(record, trial, m)
+        if impossible or not trial.constants:
+            return impossible
+        return self._degenerate(trial, record, m, timer)
+
+    def _timed_outputs(self, trial: Trial, m: Measurement) -> str | None:
+        s, case = self.settings, trial.case
+
+        def fresh() -> tuple[int, Inputs]:
+            seed = draw_seeds(1, s.seed + 7919 if s.seed is not None else None)[0]
+            return seed, trial.make_inputs(seed)
+
+        with self.lock(exclusive=True), self._check("timed outputs"):
+            return integrity.timed_outputs(
+                m.outputs,
+                m.sample,
+                trial.first,
+                case.reference,
+                [case.tolerance, trial.variant.tolerance],
+                seed=trial.seeds[0],
+                oracles=trial.oracles,
+                fresh=fresh,
+            )
+
+    def _degenerate(self, trial: Trial, record: CaseRecord, m: Measurement, timer: Timer) -> str | None:
+        """A constant input timed against a varied one: a kernel that skips work on it is flagged."""
+        s, case = self.settings, trial.case
+        seed = draw_seeds(1, s.seed + 104_729 if s.seed is not None else None)[0]
+        assert m.sample is not None  # measure() always returns the variant's sample
+        with self.lock(exclusive=True), self._check("degenerate input"):
+            seen = integrity.degenerate_inputs(
+                trial.variant.fn,
+                trial.first,
+                trial.constants,
+                timer,
+                m.sample,
+                reps=m.reps,
+                degenerate_ns=m.time.estimate,
+                spent_ns=m.elapsed_s * 1e9,
+                reference=case.reference,
+                overrides=[case.tolerance, trial.variant.tolerance],
+                seed=seed,
+            )
+        if seen.note:
+            record.notes.append(seen.note)
+        return seen.flag
+
+    def _physics(self, record: CaseRecord, trial: Trial, m: Measurement) -> str | None:
+        """% of peak for the record, and the flag when a throughput exceeds the device's peak."""
+        if self.kind != "cuda":
+            record.notes.append("physics check: not on CPU (no peak table for a host)")
+            return None
+        device = torch.device(self.settings.device)
+        name, peak = peaks.device_peak(device.index if device.index is not None else torch.cuda.current_device())
+        if peak is None:
+            record.notes.append(f"physics check skipped: no peak known for {name}")
+            return None
+        dtype = record.correctness.dtype if record.correctness is not None else ""
+        record.pct_peak_compute, record.pct_peak_bandwidth = (
+            finite(None if x is None else round(x, 2))
+            for x in peaks.percent_of_peak(peak, tflops=record.tflops, gbps=record.gbps, dtype=dtype)
+        )
+        # Derived bytes count the output, which may still sit in L2 when the events stop: the bound uses the
+        # inputs alone, read cold (the L2 is flushed before every sample). Given bytes are taken as given.
+        given = trial.case.bytes is not None
+        bound_bytes = record.bytes if given else float(input_bytes(trial.first))
+        bound_gbps = bound_bytes / m.time.estimate if bound_bytes and m.time.estimate > 0 else None
+        return peaks.impossible_speed(peak, tflops=record.tflops, gbps=bound_gbps)

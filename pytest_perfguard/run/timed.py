@@ -1,0 +1,249 @@
+"""The timed step of one case: its twin at the base revision paired and checked, the measurement (once more
+when it regressed, was inconclusive or was disturbed), the gates judged, and the figures written into the
+record. What the measurement means is judge/'s; how it is taken is measure/timing.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import date
+from typing import Any
+
+import pytest
+
+from ..judge import baseline as bl
+from ..judge.stats import relative_half_width
+from ..judge.verdict import Verdict, ab_gate, ab_progress, decide, unpaired_gate
+from ..measure import integrity
+from ..measure.correctness import check
+from ..measure.cpuwatch import CpuWatch
+from ..measure.device import Disturbances, incomparable, manual_seed
+from ..measure.timing import Clock, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
+from ..record import AbComparison, CaseRecord, Outcome, Status
+from .ab import Twin, base_arguments
+from .checks import DeviceLock
+from .session import SessionState
+from .workload import Trial, count, describe_workload, finite, input_bytes, normalize_inputs, tensor_bytes
+
+
+def engine_bindings() -> dict[str, tuple[Any, Any]]:
+    """The engine's functions as this module holds them, with the ones measure/timing.py had at import: a
+    test that patched them here would time with its own clock (the patched-timer check compares them)."""
+    original = integrity.ORIGINAL_TIMERS
+    names = ("measure", "make_timer", "pooled")
+    return {f"{__name__}.{name}": (globals()[name], original[f"{Measurement.__module__}.{name}"]) for name in names}
+
+
+def timer_for(device: str, clock: Clock | None) -> Timer:
+    """The case's timer, made here so that the patched-timer check sees the function it was made by."""
+    return make_timer(device, clock)
+
+
+class TimedStep:
+    """Measures and judges one case for its runner; fills in the record's figures."""
+
+    def __init__(
+        self,
+        state: SessionState,
+        item: pytest.Item,
+        lock: DeviceLock,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> None:
+        self.state = state
+        self.item = item
+        self.lock = lock
+        self.on_progress = on_progress
+
+    # ------------------------------------------------------------------------- the base revision's twin
+
+    def pair(self, trial: Trial, record: CaseRecord) -> Twin:
+        """The case at the base revision, checked: same workload, correct on the same inputs."""
+        base = self.state.base
+        assert base is not None
+        twin: Twin = base.twin(self.item, trial.variant_name)
+        if not twin.ok:
+            return twin
+        assert twin.variant is not None
+        args = base_arguments(twin.factory, trial.params)
+        if isinstance(args, str):
+            return Twin(Status.NOT_COMPARABLE, args)
+        try:
+            manual_seed(trial.seeds[0])
+            desc = describe_workload(normalize_inputs(twin.factory(**args), record.test))
+        except Exception as exc:
+            return Twin(Status.NO_BASE, f"no base: the base test's inputs raised {type(exc).__name__}: {exc}")
+        if desc != record.workload_desc:
+            return Twin(
+                Status.NOT_COMPARABLE,
+                f"not comparable: the workload differs at {base.rev} (head: {record.workload_desc}; base: {desc})",
+            )
+        case, variant = trial.case, twin.variant
+        try:
+            with self.lock(exclusive=False):
+                report = check(
+                    variant.fn, case.reference, trial.make_inputs, trial.seeds, [case.tolerance, variant.tolerance]
+                )
+        except Exception as exc:
+            return Twin(Status.NO_BASE, f"no base: the base variant raised {type(exc).__name__}: {exc}")
+        if not report.passed:
+            return Twin(Status.NO_BASE, f"no base: base incorrect: {report.message}")
+        return twin
+
+    # ---------------------------------------------------------------------------------- measure, judge
+
+    def _config(self, trial: Trial, base: object | None) -> MeasureConfig:
+        s = self.state.settings
+        # On a GPU, blocks spread over at least 0.3 s (nvbench keeps 0.5 s): a few milliseconds of samples
+        # see one clock state and give intervals far narrower than the run-to-run spread.
+        min_time = min(0.3, s.case_budget / 2) if self.state.kind == "cuda" else 0.0
+        cfg = MeasureConfig(target=s.ci_target, budget_s=s.case_budget, min_time_s=min_time)
+        if base is None:
+            return cfg
+        policy = self.state.policy()
+
+        def progress(ratios: Sequence[float], time_ns: float) -> float:
+            return ab_progress(
+                ratios, policy, s.ab_margin_for(time_ns), s.ab_detect_for(time_ns), s.ab_process_sd_for(time_ns)
+            )
+
+        # The A/B gate decides: measure until its MDE reaches its promise; the ratio to `against` is
+        # reported, and need not narrow unless a max_ratio gate judges it.
+        return replace(cfg, ab_progress=progress, stop_on_ratio=trial.max_ratio is not None)
+
+    def measure_and_judge(
+        self, trial: Trial, record: CaseRecord, twin: Twin | None, timer: Timer
+    ) -> tuple[Measurement, Verdict]:
+        """Measure, judge; a regressed or inconclusive case is measured once more in a fresh order and
+        judged on all blocks together. A disturbed measurement is measured once more, in an update too:
+        when the second is clean it is judged alone, else the case stays disturbed (inconclusive, never
+        stored)."""
+        base = trial.calls(twin.variant.fn) if twin is not None and twin.variant is not None else None
+        cfg = self._config(trial, base)
+        watch = self._watch(trial)
+        against = trial.calls(trial.case.against) if trial.case.against is not None else None
+
+        def take(copies: int | None = None) -> Measurement:
+            with self.lock(exclusive=True):
+                return measure(
+                    trial.calls(trial.variant.fn),
+                    against,
+                    timer,
+                    cfg,
+                    copies=copies,
+                    bytes_per_copy=input_bytes(trial.first),
+                    watch=watch,
+                    base=base,
+                    on_progress=self.on_progress,
+                )
+
+        m = take()
+        if isinstance(watch, CpuWatch) and watch.unwatched:
+            record.notes.append(watch.unwatched)
+        record.env = self._env(trial)
+        verdict = self._judge(trial, record, m, twin)
+        disturbed = list(m.notes)
+        if disturbed or (verdict.needs_remeasure and not self.state.settings.update):
+            m2 = take(copies=m.reps)
+            if disturbed and not m2.notes:
+                # The disturbance passed: the clean blocks alone are judged (and stored by an update).
+                m, note = m2, "re-measured once: the first measurement was disturbed (" + "; ".join(disturbed) + ")"
+            else:
+                m, note = pooled(m, m2, cfg.confidence), "re-measured once in a fresh order (blocks pooled)"
+            verdict = self._judge(trial, record, m, twin)
+            verdict.notes.append(note)
+        if verdict.disturbances:
+            off = " (where the load is by design, --perfguard-no-cpu-watch)" if isinstance(watch, CpuWatch) else ""
+            verdict.notes.append(
+                f"disturbed {'in both measurements' if disturbed else 'in the re-measurement'}: inconclusive, "
+                f"never a failure, and never stored as a baseline; time it on a quiet machine{off}"
+            )
+        return m, verdict
+
+    def _watch(self, trial: Trial) -> Watch | None:
+        """What watches the machine while the case is timed: NVML on a GPU; on CPU the host's load, unless
+        the case times on an injected clock (the host's load cannot move it) or the watch is turned off."""
+        s = self.state.settings
+        if self.state.kind == "cuda":
+            return Disturbances.open(s.device)
+        if trial.case.clock is not None or not s.cpu_watch:
+            return None
+        return CpuWatch()
+
+    def stored(self) -> bl.BaselineEntry | None:
+        baseline = self.state.baseline
+        return baseline.cases.get(self.item.nodeid) if baseline is not None else None
+
+    def _judge(self, trial: Trial, record: CaseRecord, m: Measurement, twin: Twin | None) -> Verdict:
+        s = self.state.settings
+        stored = self.stored()
+        env = record.env or {}
+        verdict = decide(
+            m.variant_blocks,
+            m.against_blocks,
+            None if s.update else stored,
+            workload=record.workload or "",
+            env=env,
+            policy=self.state.policy(),
+            max_ratio=trial.max_ratio,
+            incomparable=incomparable(stored.env, env) if stored is not None else [],
+            disturbances=m.notes,
+        )
+        if twin is not None:
+            policy = self.state.policy()
+            ratios = m.ab_ratios()
+            gate = (
+                ab_gate(ratios, policy, s.ab_margin_for(m.time.estimate), s.ab_process_sd_for(m.time.estimate))
+                if twin.ok
+                else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
+            )
+            verdict.gates.insert(0, gate)
+            verdict.deciding = frozenset({"ab", "max_ratio"})
+        return verdict
+
+    def _env(self, trial: Trial) -> dict[str, str]:
+        info = self.state.device_info
+        env = {k: str(info.get(k)) for k in ("name", "capability", "torch", "triton", "cuda")}
+        case, (args, kwargs) = trial.case, trial.first
+        if case.against_backend is not None:
+            try:
+                env["against_backend"] = str(case.against_backend(*args, **kwargs))
+            except Exception as exc:
+                env["against_backend"] = f"unknown ({type(exc).__name__})"
+        return env
+
+    # ------------------------------------------------------------------------------------- the figures
+
+    def record_timing(self, record: CaseRecord, trial: Trial, m: Measurement) -> None:
+        """The measurement's figures in the record: time, ratio, throughput, blocks, the A/B pairing."""
+        case = trial.case
+        flops = trial.flops
+        record.median_ns = m.time.estimate
+        record.ci_ns = (m.time.lo, m.time.hi)
+        record.ci_rel = finite(relative_half_width(m.log_time))
+        if m.ratio is not None:
+            record.ratio, record.ratio_ci = m.ratio.estimate, (m.ratio.lo, m.ratio.hi)
+        record.against = case.against_name if case.against is not None else None
+        record.blocks, record.reps, record.samples_per_block = m.blocks, m.reps, m.samples_per_block
+        record.mode, record.stop_reason = m.mode, m.stop_reason
+        record.elapsed_s, record.wall_ratio = round(m.elapsed_s, 4), round(m.wall_ratio, 3)
+        record.flops = flops
+        record.tflops = (flops / (m.time.estimate * 1e-9) / 1e12) if flops else None
+        nbytes = count("bytes", case.bytes, trial.params)
+        if nbytes is None:  # what the call must read and write at least: its inputs and its output
+            nbytes = float(input_bytes(trial.first) + tensor_bytes(m.outputs.get(0)))
+        record.bytes = nbytes
+        record.gbps = nbytes / m.time.estimate if nbytes and m.time.estimate > 0 else None
+        record.variant_blocks = [round(x, 3) for x in m.variant_blocks]
+        record.against_blocks = [round(x, 3) for x in m.against_blocks] if m.against_blocks else None
+        if m.base_blocks is not None:
+            record.base_blocks = [round(x, 3) for x in m.base_blocks]
+            base = self.state.base
+            record.ab = AbComparison(
+                against=base.rev if base is not None else None,
+                sha=base.sha if base is not None else None,
+                group_ratios=[round(x, 6) for x in m.ab_ratios()],
+                groups=m.groups,
+            )
+        record.updated = date.today().isoformat()
+        record.outcome = Outcome.PASSED

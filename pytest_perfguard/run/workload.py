@@ -1,0 +1,132 @@
+"""What one case computes: its inputs, their canonical description and hash, the seeds, and the `Trial`
+that every step after the correctness gate works on. Nothing here times or judges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from ..marker import VARIANT_ARG, PerfCase, Variant
+from ..measure import integrity
+from ..measure.correctness import Inputs, Oracle
+from ..measure.timing import Call
+from ..record import Param
+
+
+def normalize_inputs(value: Any, test_name: str) -> Inputs:
+    """The test function's return value as (args, kwargs), or a TypeError that shows the form wanted."""
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], tuple | list)
+        and isinstance(value[1], dict)
+    ):
+        return tuple(value[0]), dict(value[1])
+    raise TypeError(
+        f"{test_name} must return (args, kwargs), e.g. `return (q, k, v), {{'causal': True}}`; "
+        f"got {type(value).__name__}"
+    )
+
+
+def describe_workload(inputs: Inputs) -> str:
+    """Canonical text of what was computed: shapes, dtypes and plain arguments, never values."""
+    args, kwargs = inputs
+
+    def one(x: Any) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).replace('torch.', '')}[{','.join(map(str, x.shape))}]"
+        return repr(x)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())]
+    return " ".join(parts)
+
+
+def workload_hash(desc: str) -> str:
+    return hashlib.sha256(desc.encode()).hexdigest()
+
+
+def input_bytes(inputs: Inputs) -> int:
+    args, kwargs = inputs
+    tensors = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def tensor_bytes(value: object) -> int:
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+
+
+def draw_seeds(n: int, fixed: int | None) -> list[int]:
+    """`n` seeds: consecutive from `fixed` (--perfguard-seed), else drawn from the OS's randomness."""
+    if fixed is not None:
+        return [fixed + i for i in range(n)]
+    sysrand = random.SystemRandom()
+    return [sysrand.randrange(1, 2**31 - 1) for _ in range(n)]
+
+
+def count(what: str, fn: Callable[..., float] | None, params: dict[str, Any]) -> float | None:
+    """The case's `flops` or `bytes` callable applied to the test parameters it names."""
+    if fn is None:
+        return None
+    names = inspect.signature(fn).parameters
+    try:
+        return float(fn(**{k: params[k] for k in names if k in params}))
+    except Exception as exc:
+        raise TypeError(f"{what} callable failed with the test parameters {sorted(params)}: {exc}") from exc
+
+
+def display_params(item: pytest.Item) -> dict[str, Param]:
+    """The item's parameters as the record shows them: plain values, anything else by its repr."""
+    callspec = getattr(item, "callspec", None)
+    raw = dict(callspec.params) if callspec is not None else {}
+    raw.pop(VARIANT_ARG, None)
+    return {k: v if isinstance(v, int | float | str | bool) or v is None else repr(v) for k, v in raw.items()}
+
+
+def finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass
+class Trial:
+    """What the measure step works on: the case, its variant and a source of input copies."""
+
+    case: PerfCase
+    variant_name: str
+    variant: Variant
+    params: dict[str, Any]
+    make_inputs: Callable[[int], Inputs]
+    seeds: list[int]
+    first: Inputs
+    oracles: list[Oracle] = field(default_factory=list)  # the correctness gate's, for the timed-output check
+    constants: list[integrity.Constant] = field(default_factory=list)  # inputs that hold one value
+
+    def calls(self, fn: Callable[..., Any]) -> Callable[[int], Call]:
+        """Input copy i -> a call of `fn` on it. Every side of a measurement shares the copies."""
+        copies: dict[int, Inputs] = {0: self.first}
+        base_seed = self.seeds[0] + 10_007
+
+        def make(i: int) -> Call:
+            if i not in copies:
+                copies[i] = self.make_inputs(base_seed + i)
+            args, kwargs = copies[i]
+            return lambda: fn(*args, **kwargs)
+
+        return make
+
+    @property
+    def max_ratio(self) -> float | None:
+        """The variant's own max_ratio, else its case's: the ratio gate that decides in every mode."""
+        return self.variant.max_ratio if self.variant.max_ratio is not None else self.case.max_ratio
+
+    @property
+    def flops(self) -> float | None:
+        return count("flops", self.case.flops, self.params)
