@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from . import settings as st
 from .judge import baseline as bl
 from .marker import MARK_NAME, VARIANT_ARG, PerfCase
+from .report.writers import asked
 from .run import xdist as xd
 from .run.runner import Runner
 from .run.session import (
@@ -64,10 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, value in (xd.worker_paths(config) or {}).items():
         setattr(settings, name, Path(value))  # the controller's resolution: every process reads the same files
     settings.device = _pick_device(config, settings.device, enabled=settings.enabled)
-    if settings.html is not None and importlib.util.find_spec("plotly") is None:
-        raise pytest.UsageError(
-            "--perfguard-html needs plotly: pip install 'pytest-perfguard[report]', or drop --perfguard-html."
-        )
+    for writer, _ in asked(settings):
+        if (lack := writer.missing()) is not None:
+            option = st.BY_NAME[writer.setting].option
+            raise pytest.UsageError(f"{option} {lack}, or drop {option}.")
     if settings.require_gpu and not settings.device.startswith("cuda"):
         # Checked per item too (so the failure names the case); this is the early, clear message.
         config.issue_config_time_warning(
@@ -116,7 +116,7 @@ def _sweep_leftovers(settings: st.Settings) -> None:
     if in_child():
         return  # its parent session is alive, and sweeps for itself
     sweep_confirm_dirs()
-    for folder in {settings.baseline_dir, *(p.parent for p in (settings.json, settings.html) if p is not None)}:
+    for folder in {settings.baseline_dir, *(path.parent for _, path in asked(settings))}:
         sweep_atomic_temps(Path(folder))
 
 

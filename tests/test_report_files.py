@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 
 import pytest
 
 from pytest_perfguard.commands.cli import main
+from pytest_perfguard.report.writers import WRITERS
+from pytest_perfguard.settings import BY_NAME
 
 pytest_plugins = ["pytester"]
 
@@ -96,3 +99,51 @@ def test_a_planted_regression_leads_the_html_and_markdown(
         # one grid figure (lean, wide, timed against the reference), one gates figure, one per case
         assert len(figures) == 2 + 4
         assert {t.get("name") for f in figures for t in f["data"]} >= {"lean", "wide", "margin band"}
+
+
+def test_the_plugin_writes_the_files_it_is_asked_for_as_the_command_does(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plugin and `perfguard report` write through one table of formats: the same file either way."""
+    pytest.importorskip("plotly")
+    pytester.makepyfile(test_suite=SUITE)
+    result = _run(
+        pytester,
+        "--perfguard",
+        "--perfguard-allow-missing",
+        "--perfguard-json",
+        "r.json",
+        "--perfguard-html",
+        "out/r.html",
+    )
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        ["*perfguard: results written to r.json*", "*perfguard: HTML report written to out*r.html*"]
+    )
+    again = pytester.path / "again.html"
+    assert main(["report", str(pytester.path / "r.json"), "--html", str(again)]) == 0
+    assert f"{again}: HTML report written; open it in a browser" in capsys.readouterr().out
+    assert (pytester.path / "out" / "r.html").read_text() == again.read_text()
+
+
+def test_each_format_is_written_by_the_plugin_or_the_command_and_the_plugin_names_a_path() -> None:
+    for writer in WRITERS.values():
+        assert writer.setting or writer.flag, writer.name
+        assert not writer.setting or BY_NAME[writer.setting].kind == "path", writer.name
+
+
+def test_a_missing_extra_stops_the_run_before_anything_is_measured(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lacking = replace(WRITERS["html"], needs="perfguard_no_such_module")
+    assert lacking.missing() == "needs perfguard_no_such_module: pip install 'pytest-perfguard[report]'"
+    monkeypatch.setitem(WRITERS, "html", lacking)
+    pytester.makepyfile(test_suite=SUITE)
+    result = _run(pytester, "--perfguard", "--perfguard-html", "r.html")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --perfguard-html needs perfguard_no_such_module: pip install 'pytest-perfguard[report]', "
+            "or drop --perfguard-html."
+        ]
+    )

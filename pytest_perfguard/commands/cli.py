@@ -32,9 +32,11 @@ from ..judge.policy import NOISE_FLOOR, case_threshold
 from ..judge.verdict import Policy, Verdict, recorded_gate
 from ..record import CaseRecord, Status, id_order
 from ..report.formats import format_mde, format_ratio, format_time
+from ..report.html import ReportDependencyError
 from ..report.merge import MERGED_KIND, read_runs
 from ..report.results import RESULTS_KIND, ResultsFile, parse_results, read_results
 from ..report.terminal import delta_text
+from ..report.writers import flagged
 from ..settings import DEFAULT_MARGIN
 
 
@@ -380,29 +382,25 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Render a results or merged file as HTML and/or Markdown, after the fact."""
-    from pytest_perfguard.report.markdown import markdown_summary
-    from pytest_perfguard.report.merge import read_document, write_file
+    from pytest_perfguard.report.merge import read_document
 
-    if not (args.html or args.markdown):
-        _err("nothing to write: add --html FILE and/or --markdown FILE (- for standard output)")
+    # Those that need nothing extra first: a missing extra then costs only its own file.
+    wanted = [
+        (w, value) for w in sorted(flagged(), key=lambda w: w.needs is not None) if (value := getattr(args, w.name))
+    ]
+    if not wanted:
+        flags = " and/or ".join(f"{w.flag} FILE" for w in flagged())
+        _err(f"nothing to write: add {flags} (- for standard output)")
         return 2
     try:
         doc = read_document(Path(args.results))
-        if args.markdown == "-":
-            sys.stdout.write(markdown_summary(doc))
-        elif args.markdown:
-            write_file(Path(args.markdown), markdown_summary(doc))
-            print(f"{args.markdown}: Markdown summary written")
-        if args.html:
-            from pytest_perfguard.report.html import ReportDependencyError, write_html
-
-            try:
-                write_html(Path(args.html), doc)
-            except ReportDependencyError as exc:
-                _err(str(exc))
-                return 1
-            print(f"{args.html}: HTML report written; open it in a browser")
-    except JSONFileError as exc:
+        for writer, value in wanted:
+            if value == "-" and writer.stdout is not None:
+                sys.stdout.write(writer.stdout(doc))
+                continue
+            writer.write(Path(value), doc)
+            print(f"{value}: {writer.title} written" + (f"; {writer.then}" if writer.then else ""))
+    except (ReportDependencyError, JSONFileError) as exc:
         _err(str(exc))
         return 1
     return 0
@@ -456,8 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="render a results or merged file as an HTML report and/or Markdown")
     report.add_argument("results", metavar="RESULTS")
-    report.add_argument("--html", metavar="FILE", help="self-contained HTML report (needs pytest-perfguard[report])")
-    report.add_argument("--markdown", metavar="FILE", help="Markdown summary, as in the job summary (- for stdout)")
+    for writer in flagged():
+        report.add_argument(writer.flag, dest=writer.name, metavar="FILE", help=writer.flag_help)
     report.set_defaults(func=cmd_report)
 
     from pytest_perfguard.commands.history.command import add_history_parser

@@ -1,2 +1,3 @@
 """Presenting a run: the terminal table, the results file, the view model the Markdown and HTML reports
-share, and merged results of several runners. Reads records; never measures and never decides."""
+share, merged results of several runners, and the table of output formats (writers.py) that the plugin and
+`perfguard report` both write from. Reads records; never measures and never decides."""

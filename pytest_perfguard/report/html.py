@@ -64,6 +64,11 @@ _PLOT_CONFIG = {
 }
 
 
+# The optional extra the report draws with, and how to get it: said here and before a run that asks for a report.
+NEEDS = "plotly"
+INSTALL = "pip install 'pytest-perfguard[report]'"
+
+
 class ReportDependencyError(RuntimeError):
     """plotly is missing; the message says what to install."""
 
@@ -74,7 +79,7 @@ def _plotly_assets() -> tuple[str, str]:
         import plotly.io as pio
         from plotly.offline import get_plotlyjs
     except ImportError:
-        raise ReportDependencyError("the HTML report needs plotly: pip install 'pytest-perfguard[report]'") from None
+        raise ReportDependencyError(f"the HTML report needs {NEEDS}: {INSTALL}") from None
     template = pio.templates["plotly_white"].to_plotly_json()
     return get_plotlyjs(), json.dumps(template, separators=(",", ":"))
 
@@ -252,71 +257,65 @@ def _error_bars(ys: Sequence[float], cis: Sequence[tuple[float, float] | None], 
     }
 
 
-def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
-    """Per variant over the whole grid: throughput (or time) and the ratio to the reference, with CIs."""
-    timed = [c for c in cases if c.rec.median_ns is not None]
-    if not timed:
-        return None
-    use_tflops = all(c.rec.tflops is not None for c in timed)
-    # A CPU run does GFLOP/s: plotly would label 0.002 TFLOP/s "2m", which reads as minutes.
-    unit, scale = ("TFLOP/s", 1.0) if max(c.rec.tflops or 0.0 for c in timed) >= 1.0 else ("GFLOP/s", 1e3)
-    has_ratio = any(c.rec.ratio is not None for c in timed)
-    shapes = shape_order(timed)
-    against = next((c.against for c in timed if c.against), None)
-    data: list[dict[str, Any]] = []
-    variants = sorted({c.rec.variant for c in timed}, key=lambda v: (v == against, v))
-    for index, variant in enumerate(variants):
-        mine = sorted((c for c in timed if c.rec.variant == variant), key=lambda c: shapes.index(c.shape))
-        color = "#222222" if variant == against else VARIANT_COLORS[index % len(VARIANT_COLORS)]
-        style = {
-            "line": {"color": color, "dash": "dash" if variant == against else "solid", "width": 1.5},
-            "marker": {"size": 7, "color": color},
-            "mode": "lines+markers",
-            "legendgroup": _label(variant),
-        }
-        if use_tflops:
-            ys = [_r((c.rec.tflops or 0.0) * scale) for c in mine]
-            cis = [(ci[0] * scale, ci[1] * scale) if (ci := c.tflops_ci) else None for c in mine]
-        else:
-            ys = [_r((c.rec.median_ns or 0.0) / 1e3) for c in mine]
-            cis = [(c.rec.ci_ns[0] / 1e3, c.rec.ci_ns[1] / 1e3) if c.rec.ci_ns else None for c in mine]
-        data.append(
-            {
-                "type": "scatter",
-                "name": _label(variant),
-                "x": [_label(c.shape) for c in mine],
-                "y": ys,
-                **style,
-                "error_y": _error_bars(ys, cis, color),
-                "hoverinfo": "text",
-                "hovertext": [
-                    f"{_e(c.id)}<br>{_e(format_time(c.rec.median_ns, c.rec.ci_ns))}<br>{_e(fmt_tflops(c))} TFLOP/s"
-                    f"<br>verdict: {_e(c.status)}"
-                    for c in mine
-                ],
-            }
-        )
-        rated = [c for c in mine if c.rec.ratio is not None]
-        if has_ratio and rated:
-            ratios = [_r(c.rec.ratio or 0.0) for c in rated]
-            data.append(
-                {
-                    "type": "scatter",
-                    "name": _label(variant),
-                    "x": [_label(c.shape) for c in rated],
-                    "y": ratios,
-                    **style,
-                    "showlegend": False,
-                    "xaxis": "x2",
-                    "yaxis": "y2",
-                    "error_y": _error_bars(ratios, [c.rec.ratio_ci for c in rated], color),
-                    "hoverinfo": "text",
-                    "hovertext": [
-                        f"{_e(c.id)}<br>ratio {_e(format_ratio(c.rec.ratio, c.rec.ratio_ci))}" for c in rated
-                    ],
-                }
-            )
-    top = f"{unit} (95% CI)" if use_tflops else "time, µs (95% CI)"
+def _grid_style(variant: str, color: str, *, reference: bool) -> dict[str, Any]:
+    """One variant's line in both panels; the reference is dashed, so the eye finds what the ratios divide by."""
+    return {
+        "line": {"color": color, "dash": "dash" if reference else "solid", "width": 1.5},
+        "marker": {"size": 7, "color": color},
+        "mode": "lines+markers",
+        "legendgroup": _label(variant),
+    }
+
+
+def _throughput_trace(
+    cases: Sequence[Case], variant: str, style: dict[str, Any], scale: float | None
+) -> dict[str, Any]:
+    """The top panel's points of one variant: FLOP/s times `scale` (TFLOP/s to the unit shown), or the time in
+    µs where `scale` is None (a case without a FLOP count)."""
+    if scale is not None:
+        ys = [_r((c.rec.tflops or 0.0) * scale) for c in cases]
+        cis = [(ci[0] * scale, ci[1] * scale) if (ci := c.tflops_ci) else None for c in cases]
+    else:
+        ys = [_r((c.rec.median_ns or 0.0) / 1e3) for c in cases]
+        cis = [(c.rec.ci_ns[0] / 1e3, c.rec.ci_ns[1] / 1e3) if c.rec.ci_ns else None for c in cases]
+    return {
+        "type": "scatter",
+        "name": _label(variant),
+        "x": [_label(c.shape) for c in cases],
+        "y": ys,
+        **style,
+        "error_y": _error_bars(ys, cis, style["line"]["color"]),
+        "hoverinfo": "text",
+        "hovertext": [
+            f"{_e(c.id)}<br>{_e(format_time(c.rec.median_ns, c.rec.ci_ns))}<br>{_e(fmt_tflops(c))} TFLOP/s"
+            f"<br>verdict: {_e(c.status)}"
+            for c in cases
+        ],
+    }
+
+
+def _ratio_trace(cases: Sequence[Case], variant: str, style: dict[str, Any]) -> dict[str, Any]:
+    """The bottom panel's points of one variant: its time over the reference's, in the legend once (above)."""
+    ratios = [_r(c.rec.ratio or 0.0) for c in cases]
+    return {
+        "type": "scatter",
+        "name": _label(variant),
+        "x": [_label(c.shape) for c in cases],
+        "y": ratios,
+        **style,
+        "showlegend": False,
+        "xaxis": "x2",
+        "yaxis": "y2",
+        "error_y": _error_bars(ratios, [c.rec.ratio_ci for c in cases], style["line"]["color"]),
+        "hoverinfo": "text",
+        "hovertext": [f"{_e(c.id)}<br>ratio {_e(format_ratio(c.rec.ratio, c.rec.ratio_ci))}" for c in cases],
+    }
+
+
+def _grid_layout(
+    title: str, shapes: Sequence[str], top: str, against: str | None, *, has_ratio: bool
+) -> dict[str, Any]:
+    """Shapes along x, log y; with ratios, a second panel below that shares the x axis and marks 1.0."""
     xaxis = _axis(type="category", categoryorder="array", categoryarray=[_label(s) for s in shapes], tickangle=-30)
     layout: dict[str, Any] = {
         "title": _title(title),
@@ -344,7 +343,32 @@ def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
                 "line": {"color": "#999", "width": 1},
             }
         ]
-    return {"data": data, "layout": layout}
+    return layout
+
+
+def grid_figure(cases: Sequence[Case], title: str) -> Figure | None:
+    """Per variant over the whole grid: throughput (or time) and the ratio to the reference, with CIs."""
+    timed = [c for c in cases if c.rec.median_ns is not None]
+    if not timed:
+        return None
+    use_tflops = all(c.rec.tflops is not None for c in timed)
+    # A CPU run does GFLOP/s: plotly would label 0.002 TFLOP/s "2m", which reads as minutes.
+    unit, scale = ("TFLOP/s", 1.0) if max(c.rec.tflops or 0.0 for c in timed) >= 1.0 else ("GFLOP/s", 1e3)
+    has_ratio = any(c.rec.ratio is not None for c in timed)
+    shapes = shape_order(timed)
+    against = next((c.against for c in timed if c.against), None)
+    data: list[dict[str, Any]] = []
+    variants = sorted({c.rec.variant for c in timed}, key=lambda v: (v == against, v))
+    for index, variant in enumerate(variants):
+        mine = sorted((c for c in timed if c.rec.variant == variant), key=lambda c: shapes.index(c.shape))
+        color = "#222222" if variant == against else VARIANT_COLORS[index % len(VARIANT_COLORS)]
+        style = _grid_style(variant, color, reference=variant == against)
+        data.append(_throughput_trace(mine, variant, style, scale if use_tflops else None))
+        rated = [c for c in mine if c.rec.ratio is not None]
+        if has_ratio and rated:
+            data.append(_ratio_trace(rated, variant, style))
+    top = f"{unit} (95% CI)" if use_tflops else "time, µs (95% CI)"
+    return {"data": data, "layout": _grid_layout(title, shapes, top, against, has_ratio=has_ratio)}
 
 
 def case_figure(case: Case) -> Figure | None:

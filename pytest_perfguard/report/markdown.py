@@ -12,10 +12,12 @@ import html
 import math
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from . import view as rd
 from .formats import format_mde, format_ratio, format_time
+from .merge import write_file
 from .view import Case, Report
 
 # A PR comment holds at most 65,536 characters; leave room for the marker and a note.
@@ -272,3 +274,8 @@ def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, 
         cut = len(rows) - len(kept)
         text = assemble([*kept, "", f"…{cut} more rows left out to fit a comment: see the results artifact."])
     return text
+
+
+def write_markdown(path: Path, doc: Mapping[str, Any]) -> None:
+    """The summary as a file, written atomically: a job that posts it never reads half of one."""
+    write_file(Path(path), markdown_summary(doc))

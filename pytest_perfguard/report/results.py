@@ -1,4 +1,5 @@
-"""Reading results files (``--perfguard-json``), strictly, for ``perfguard compare`` and CI scripts.
+"""The results file (``--perfguard-json``): written by the plugin, read back strictly by ``perfguard compare``,
+the reports and CI scripts.
 
 Layout: ``{"schema_version": 1, "kind": "perfguard-results", "device": {...}, "results": [record, ...]}``.
 Every record is a `CaseRecord` (record.py) and has ``id`` and ``variant``. A timed record (``median_ns``
@@ -9,11 +10,12 @@ skipped or failed before timing. A field this version does not know is an error 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..jsonio import Invalid, JSONFileError, integer, interval, load_json_text, number, string
+from ..jsonio import Invalid, JSONFileError, integer, interval, load_json_text, number, string, write_text_atomic
 from ..judge.baseline import check_device
 from ..record import CaseRecord, RecordError
 
@@ -40,6 +42,30 @@ class ResultsFile:
     def by_id(self) -> dict[str, CaseRecord]:
         """Records keyed by case id (ids are unique in a valid file)."""
         return {record.id: record for record in self.results}
+
+
+def results_document(
+    records: Sequence[CaseRecord],
+    device: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    run: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A run as the results file holds it: records by id, so that two runs' files diff case by case."""
+    return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "kind": RESULTS_KIND,
+        "device": dict(device),
+        "run": dict(run or {}),
+        "summary": dict(summary),
+        "results": [r.to_json() for r in sorted(records, key=lambda r: r.id)],
+    }
+
+
+def write_results(path: Path, doc: Mapping[str, Any]) -> None:
+    """Sorted keys and a fixed indent, written atomically: a reader never sees half a file."""
+    text = json.dumps(doc, sort_keys=True, indent=2, allow_nan=False, default=str) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text, ResultsError)
 
 
 def _optional_interval(value: Any, name: str, centre: float | None, centre_name: str) -> tuple[float, float] | None:

@@ -1,21 +1,17 @@
-"""Presenting results: the terminal table and the JSON results file (the HTML report and the Markdown job
-summary are html.py and markdown.py; every figure is formatted by formats.py).
+"""Presenting results: the terminal table (the results file is results.py, the HTML report and the Markdown
+job summary are html.py and markdown.py; every figure is formatted by formats.py).
 
 Every figure printed comes with its interval; a row without timing says why.
 """
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
 from tabulate import tabulate
 
-from ..jsonio import write_text_atomic
 from ..record import CaseRecord, Outcome, Status, id_order
 from .formats import (
     attention,
@@ -29,7 +25,10 @@ from .formats import (
     status_of,
     status_rank,
 )
-from .results import RESULTS_KIND, RESULTS_SCHEMA_VERSION, ResultsError
+
+# The results file is results.py's; its writer stays importable from here too, where tests import it.
+from .results import results_document as results_document
+from .results import write_results as write_results
 
 
 def delta_text(record: CaseRecord, gate: str) -> str:
@@ -123,28 +122,6 @@ def table(records: Iterable[CaseRecord], fmt: str = "simple") -> str:
     if any(r.gate("ab") is not None for r in records):
         headers.insert(headers.index("MDE (95%)"), AB_HEADER)
     return tabulate(rows(records), headers=headers, tablefmt=fmt, disable_numparse=True)
-
-
-def results_document(
-    records: Sequence[CaseRecord],
-    device: Mapping[str, Any],
-    summary: Mapping[str, Any],
-    run: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "schema_version": RESULTS_SCHEMA_VERSION,
-        "kind": RESULTS_KIND,
-        "device": dict(device),
-        "run": dict(run or {}),
-        "summary": dict(summary),
-        "results": [r.to_json() for r in sorted(records, key=lambda r: r.id)],
-    }
-
-
-def write_results(path: Path, doc: Mapping[str, Any]) -> None:
-    text = json.dumps(doc, sort_keys=True, indent=2, allow_nan=False, default=str) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, text, ResultsError)
 
 
 # ------------------------------------------------------------------------------------ the terminal summary

@@ -41,7 +41,8 @@ from ..judge.verdict import Gate, Verdict
 from ..marker import MARK_NAME
 from ..measure.device import SESSION_PIDS_ENV, session_pids
 from ..record import CaseRecord, Confirmed, Outcome, RecordError, Status
-from ..settings import Settings
+from ..report.writers import PATH_SETTINGS
+from ..settings import BY_NAME, Settings
 from . import xdist as xd
 from .cleanup import CHILD_ENV, CONFIRM_PREFIX, die_with_parent, in_child
 
@@ -132,6 +133,7 @@ def run_fresh_cases(
         env = dict(os.environ)
         env.pop("GITHUB_STEP_SUMMARY", None)
         env.update(settings.child_env())
+        env.update({BY_NAME[name].env: "" for name in PATH_SETTINGS})  # it writes its results file and no other
         env.update(
             {
                 CHILD_ENV: "1",
@@ -139,7 +141,6 @@ def run_fresh_cases(
                 "PERFGUARD_TOTAL_BUDGET": repr(float(total_budget)),
                 "PERFGUARD_STRICT": "0",
                 "PERFGUARD_ALLOW_MISSING": "1",
-                "PERFGUARD_HTML": "",
                 # This process and its xdist siblings hold a context on the GPU: not foreign load.
                 SESSION_PIDS_ENV: ",".join(str(p) for p in sorted(session_pids())),
                 ALONE_ENV: "1" if alone else "0",

@@ -325,7 +325,9 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
 
 
 def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[CaseRecord], out: RunSummary) -> None:
-    from ..report.terminal import results_document, write_results
+    from ..report.html import ReportDependencyError
+    from ..report.results import results_document
+    from ..report.writers import asked
 
     s = state.settings
     summary = {
@@ -339,20 +341,12 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
         "errors": out.errors,
     }
     doc = results_document(records, state.device_info, summary, run_info(state))
-    if s.json is not None:
+    for writer, path in asked(s):
         try:
-            write_results(s.json, doc)
-            out.messages.append(f"perfguard: results written to {shown(s.json)}")
-        except (JSONFileError, OSError, ValueError) as exc:
-            out.errors.append(f"perfguard: could not write results to {s.json}: {exc}")
-    if s.html is not None:
-        from ..report.html import ReportDependencyError, write_html  # plotting only when a report is asked for
-
-        try:
-            write_html(s.html, doc)
-            out.messages.append(f"perfguard: HTML report written to {shown(s.html)}")
+            writer.write(path, doc)
+            out.messages.append(f"perfguard: {writer.title} written to {shown(path)}")
         except (ReportDependencyError, JSONFileError, OSError, ValueError) as exc:
-            out.errors.append(f"perfguard: could not write the HTML report {s.html}: {exc}")
+            out.errors.append(f"perfguard: {writer.failed.format(path=path)}: {exc}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and s.enabled:
         from ..report.markdown import markdown_summary

@@ -22,6 +22,7 @@ from .. import settings as st
 from ..marker import MARK_NAME
 from ..measure.device import gpu_names, timing_gpus
 from ..record import CaseRecord, Outcome, Status, dumps_records, loads_records
+from ..report.writers import PATH_SETTINGS
 from .progress import PROGRESS
 from .session import MERGED, STATE, is_worker, state_of
 
@@ -258,7 +259,7 @@ class Controller:
     def pytest_configure_node(self, node: Any) -> None:
         s = state_of(self.config).settings
         node.workerinput[PATHS_KEY] = {
-            name: str(getattr(s, name)) for name in ("baseline_dir", "json", "html") if getattr(s, name) is not None
+            name: str(getattr(s, name)) for name in ("baseline_dir", *PATH_SETTINGS) if getattr(s, name) is not None
         }
         gpu = self.shares.take(str(node.gateway.id))
         if gpu is not None:
