@@ -334,39 +334,17 @@ class BaselineEntry:
 
     @classmethod
     def _parse(cls, case_id: str, obj: Any) -> BaselineEntry:
+        """The entry of a stored object, checked field by field: its keys, its identity (workload, env), the
+        derived fields as numbers, the samples, and last the derived fields against the samples."""
         if not isinstance(case_id, str) or not case_id:
             raise Invalid("the case id must be a non-empty string")
         if not isinstance(obj, dict):
             raise Invalid(f"the entry must be a JSON object, got {type(obj).__name__}")
         check_keys(obj, _ENTRY_FIELDS, _ENTRY_FIELDS)
-        workload = string(obj["workload"], "workload")
-        if workload != UNKNOWN_WORKLOAD and not _HEX64.fullmatch(workload):
-            raise Invalid(
-                f"field 'workload' must be a sha256 hex digest (64 lowercase hex digits), got {workload[:70]!r}"
-            )
-        env_raw = obj["env"]
-        if not isinstance(env_raw, dict):
-            raise Invalid(f"field 'env' must be an object of strings, got {json.dumps(env_raw)[:60]}")
-        env = {str(k): string(v, f"env.{k}") for k, v in env_raw.items()}
-        # The derived fields are checked as numbers first, so a bad one is named as such, then against the
-        # samples they are derived from.
-        median = number(obj["median_ns"], "median_ns", positive=True)
-        interval(obj["ci_ns"], "ci_ns", median, "median_ns")
-        if obj["ratio"] is not None:
-            ratio = number(obj["ratio"], "ratio", positive=True)
-            if obj["ratio_ci"] is not None:
-                interval(obj["ratio_ci"], "ratio_ci", ratio, "ratio")
-        elif obj["ratio_ci"] is not None:
-            raise Invalid("field 'ratio_ci' must be null when 'ratio' is null")
-        number(obj["noise"], "noise", nonneg=True)
-        integer(obj["runs"], "runs", 1)
-        integer(obj["blocks"], "blocks", 0)
-        raw_samples = obj["samples"]
-        if not isinstance(raw_samples, list) or not raw_samples:
-            raise Invalid("field 'samples' must be a non-empty list of process samples")
-        if len(raw_samples) > MAX_SAMPLES:
-            raise Invalid(f"field 'samples' holds {len(raw_samples)} processes, more than {MAX_SAMPLES}")
-        samples = [ProcessSample.parse(x, f"samples[{i}]") for i, x in enumerate(raw_samples)]
+        workload = _parse_workload(obj["workload"])
+        env = _parse_env(obj["env"])
+        _check_derived_numbers(obj)
+        samples = _parse_samples(obj["samples"])
         if not isinstance(obj["unstable"], bool):
             raise Invalid(f"field 'unstable' must be true or false, got {json.dumps(obj['unstable'])[:40]}")
         entry = cls.from_samples(
@@ -379,24 +357,75 @@ class BaselineEntry:
             noise=number(obj["noise"], "noise", nonneg=True),
             unstable=obj["unstable"],
         )
-        if len(samples) == 1:  # one process: its intervals are the stored ones, checked around its numbers
-            ci = interval(obj["ci_ns"], "ci_ns", entry.median_ns, "median_ns")
-            ratio_ci = None
-            if obj["ratio_ci"] is not None:
-                if entry.ratio is None:
-                    raise Invalid("field 'ratio_ci' must be null when 'ratio' is null")
-                ratio_ci = interval(obj["ratio_ci"], "ratio_ci", entry.ratio, "ratio")
-            entry = replace(entry, ci_ns=ci, ratio_ci=ratio_ci)
+        if len(samples) == 1:
+            entry = _with_stored_intervals(entry, obj)
         entry = replace(entry, blocks=integer(obj["blocks"], "blocks", 0))
-        derived = entry.to_json()
-        for name in _DERIVED_FIELDS:
-            if not _same(obj[name], derived[name]):
-                raise Invalid(
-                    f"field {name!r} is {json.dumps(obj[name])[:60]} but its samples give "
-                    f"{json.dumps(derived[name])[:60]}: the derived fields are written by pytest-perfguard, "
-                    "edit the samples (or re-record) instead"
-                )
+        _check_derived_agree(obj, entry)
         return entry
+
+
+def _parse_workload(raw: Any) -> str:
+    """A sha256 digest as the plugin writes it, or unknown (a migrated entry's "", which matches nothing)."""
+    workload = string(raw, "workload")
+    if workload != UNKNOWN_WORKLOAD and not _HEX64.fullmatch(workload):
+        raise Invalid(f"field 'workload' must be a sha256 hex digest (64 lowercase hex digits), got {workload[:70]!r}")
+    return workload
+
+
+def _parse_env(raw: Any) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise Invalid(f"field 'env' must be an object of strings, got {json.dumps(raw)[:60]}")
+    return {str(k): string(v, f"env.{k}") for k, v in raw.items()}
+
+
+def _check_derived_numbers(obj: dict[str, Any]) -> None:
+    """The derived fields are checked as numbers first, so a bad one is named as such, before they are
+    checked against the samples they are derived from (_check_derived_agree)."""
+    median = number(obj["median_ns"], "median_ns", positive=True)
+    interval(obj["ci_ns"], "ci_ns", median, "median_ns")
+    if obj["ratio"] is not None:
+        ratio = number(obj["ratio"], "ratio", positive=True)
+        if obj["ratio_ci"] is not None:
+            interval(obj["ratio_ci"], "ratio_ci", ratio, "ratio")
+    elif obj["ratio_ci"] is not None:
+        raise Invalid("field 'ratio_ci' must be null when 'ratio' is null")
+    number(obj["noise"], "noise", nonneg=True)
+    integer(obj["runs"], "runs", 1)
+    integer(obj["blocks"], "blocks", 0)
+
+
+def _parse_samples(raw: Any) -> list[ProcessSample]:
+    """At least one process sample, at most the MAX_SAMPLES an update keeps."""
+    if not isinstance(raw, list) or not raw:
+        raise Invalid("field 'samples' must be a non-empty list of process samples")
+    if len(raw) > MAX_SAMPLES:
+        raise Invalid(f"field 'samples' holds {len(raw)} processes, more than {MAX_SAMPLES}")
+    return [ProcessSample.parse(x, f"samples[{i}]") for i, x in enumerate(raw)]
+
+
+def _with_stored_intervals(entry: BaselineEntry, obj: dict[str, Any]) -> BaselineEntry:
+    """A one-process entry: its intervals are the stored ones (one process has no spread to derive them
+    from), checked around its numbers."""
+    ci = interval(obj["ci_ns"], "ci_ns", entry.median_ns, "median_ns")
+    ratio_ci = None
+    if obj["ratio_ci"] is not None:
+        if entry.ratio is None:
+            raise Invalid("field 'ratio_ci' must be null when 'ratio' is null")
+        ratio_ci = interval(obj["ratio_ci"], "ratio_ci", entry.ratio, "ratio")
+    return replace(entry, ci_ns=ci, ratio_ci=ratio_ci)
+
+
+def _check_derived_agree(obj: dict[str, Any], entry: BaselineEntry) -> None:
+    """The derived fields as stored equal those the samples give: the entry is made from its samples, so a
+    hand edit of a derived field would otherwise be ignored without a word."""
+    derived = entry.to_json()
+    for name in _DERIVED_FIELDS:
+        if not _same(obj[name], derived[name]):
+            raise Invalid(
+                f"field {name!r} is {json.dumps(obj[name])[:60]} but its samples give "
+                f"{json.dumps(derived[name])[:60]}: the derived fields are written by pytest-perfguard, "
+                "edit the samples (or re-record) instead"
+            )
 
 
 def _same(stored: Any, derived: Any) -> bool:

@@ -263,79 +263,110 @@ def decide(
     incomparable: list[str],
     disturbances: Sequence[str] = (),
 ) -> Verdict:
-    """All gates for one case from its block medians and its stored baseline (if any)."""
+    """All gates for one case from its block medians and its stored baseline (if any). The rules run in this
+    order: an entry that cannot judge the case says why; otherwise the time gate, then the machine-moved
+    check on it, then the ratio gate with its own check; max_ratio last, with or without an entry."""
     verdict = Verdict(disturbances=list(disturbances))
     conf = policy.decision_confidence
-    log_t = log_interval(variant_blocks)
-    log_t_dec = log_interval(variant_blocks, conf)
-    log_r = log_r_dec = None
-    if against_blocks is not None:
-        ratios = [v / a for v, a in zip(variant_blocks, against_blocks, strict=True)]
-        log_r = log_interval(ratios)
-        log_r_dec = log_interval(ratios, conf)
-
+    now = (log_interval(variant_blocks), log_interval(variant_blocks, conf))
+    ratio = _ratio_intervals(variant_blocks, against_blocks, conf)
     if stored is None:
         verdict.gates.append(Gate("baseline", NO_BASELINE, reason="no stored baseline for this case"))
-    elif stored.workload != workload:
-        verdict.gates.append(
-            Gate(
-                "baseline",
-                NOT_COMPARABLE,
-                reason="not comparable: workload changed (different shapes, dtypes or arguments) under the same "
-                "test id; re-baseline with pytest --perfguard-update-baseline",
-            )
-        )
-    elif incomparable:
-        verdict.gates.append(
-            Gate(
-                "baseline",
-                NOT_COMPARABLE,
-                reason="not comparable: "
-                + ", ".join(incomparable)
-                + "; if the change is intended, re-baseline with pytest --perfguard-update-baseline",
-            )
-        )
-    elif stored.unstable:
-        times = ", ".join(f"{x.median_ns / 1e3:.2f}" for x in stored.samples)
-        verdict.gates.append(
-            Gate(
-                "baseline",
-                INCONCLUSIVE,
-                reason=f"inconclusive: unstable baseline (its {stored.runs} update processes disagreed beyond the "
-                f"case's own spread: {times} us); re-record it on a quiet machine with pytest "
-                "--perfguard-update-baseline",
-            )
-        )
+    elif (unjudgeable := _unjudgeable(stored, workload, incomparable)) is not None:
+        verdict.gates.append(unjudgeable)
     else:
-        # A sample of k >= 2 processes: the prediction bound in the threshold already counts the centre's
-        # own uncertainty (its 1/k term), so the decision does not widen by the stored interval again.
-        sampled = stored.runs >= 2
         tau = math.log1p(policy.baseline_delta(stored))
-        base = math.log(stored.median_ns)
-        shown = combine_difference(log_t, base, _stored_log_half_width(stored.median_ns, stored.ci_ns))
-        dec = decision_interval(log_t_dec, stored.median_ns, None if sampled else stored.ci_ns)
-        gate = _judge("baseline", dec, shown, tau, "time vs baseline")
-        gate.mde = minimum_detectable_effect(
-            dec, tau, max(stored.noise, policy.noise_floor), stored.runs, confirm=policy.confirm
-        )
+        gate = _time_gate(now, stored, tau, policy)
         moved = against_blocks is not None and _machine_moved(gate, against_blocks, stored, tau, conf)
         verdict.gates.append(gate)
-        if log_r is not None and log_r_dec is not None and stored.ratio is not None:
-            shown_r = combine_difference(
-                log_r, math.log(stored.ratio), _stored_log_half_width(stored.ratio, stored.ratio_ci)
-            )
-            dec_r = decision_interval(log_r_dec, stored.ratio, None if sampled else stored.ratio_ci)
-            tau_r = math.log1p(policy.ratio_baseline_delta(stored))
-            gate_r = _judge("ratio", dec_r, shown_r, tau_r, "ratio vs baseline ratio")
-            gate_r.mde = minimum_detectable_effect(
-                dec_r, tau_r, max(stored.ratio_noise, policy.ratio_noise_floor), stored.runs, confirm=policy.confirm
-            )
+        if ratio is not None and stored.ratio is not None:
+            gate_r = _ratio_gate(ratio, stored, stored.ratio, policy)
             if moved and against_blocks is not None:
                 _reference_far(gate_r, against_blocks, stored, conf)
             verdict.gates.append(gate_r)
-    if max_ratio is not None and log_r is not None and log_r_dec is not None:
-        verdict.gates.append(_max_ratio_gate(log_r, log_r_dec, max_ratio))
+    if max_ratio is not None and ratio is not None:
+        verdict.gates.append(_max_ratio_gate(*ratio, max_ratio))
     return verdict
+
+
+def _ratio_intervals(
+    variant_blocks: Sequence[float], against_blocks: Sequence[float] | None, conf: float
+) -> tuple[Interval, Interval] | None:
+    """The log interval of the per-block ratios to the reference, shown (95%) and at the decision level;
+    None without a reference."""
+    if against_blocks is None:
+        return None
+    ratios = [v / a for v, a in zip(variant_blocks, against_blocks, strict=True)]
+    return log_interval(ratios), log_interval(ratios, conf)
+
+
+def _unjudgeable(stored: BaselineEntry, workload: str, incomparable: list[str]) -> Gate | None:
+    """The baseline gate of a case its stored entry cannot judge, checked in this order: another workload
+    under the same id, another environment, an entry whose processes disagreed; None when it can judge."""
+    if stored.workload != workload:
+        return Gate(
+            "baseline",
+            NOT_COMPARABLE,
+            reason="not comparable: workload changed (different shapes, dtypes or arguments) under the same "
+            "test id; re-baseline with pytest --perfguard-update-baseline",
+        )
+    if incomparable:
+        return Gate(
+            "baseline",
+            NOT_COMPARABLE,
+            reason="not comparable: "
+            + ", ".join(incomparable)
+            + "; if the change is intended, re-baseline with pytest --perfguard-update-baseline",
+        )
+    if stored.unstable:
+        times = ", ".join(f"{x.median_ns / 1e3:.2f}" for x in stored.samples)
+        return Gate(
+            "baseline",
+            INCONCLUSIVE,
+            reason=f"inconclusive: unstable baseline (its {stored.runs} update processes disagreed beyond the "
+            f"case's own spread: {times} us); re-record it on a quiet machine with pytest "
+            "--perfguard-update-baseline",
+        )
+    return None
+
+
+def _time_gate(now: tuple[Interval, Interval], stored: BaselineEntry, tau: float, policy: Policy) -> Gate:
+    """This run's time against the stored centre, at the threshold ``tau`` of the entry's own spread."""
+    noise = max(stored.noise, policy.noise_floor)
+    figure = (stored.median_ns, stored.ci_ns)
+    return _stored_gate("baseline", "time vs baseline", now, figure, tau, noise, stored.runs, policy.confirm)
+
+
+def _ratio_gate(now: tuple[Interval, Interval], stored: BaselineEntry, ratio: float, policy: Policy) -> Gate:
+    """This run's ratio to the reference against the stored ``ratio``, at the threshold of the stored
+    ratios' own spread."""
+    tau = math.log1p(policy.ratio_baseline_delta(stored))
+    noise = max(stored.ratio_noise, policy.ratio_noise_floor)
+    figure = (ratio, stored.ratio_ci)
+    return _stored_gate("ratio", "ratio vs baseline ratio", now, figure, tau, noise, stored.runs, policy.confirm)
+
+
+def _stored_gate(
+    name: str,
+    what: str,
+    now: tuple[Interval, Interval],
+    figure: tuple[float, tuple[float, float] | None],
+    tau: float,
+    noise: float,
+    runs: int,
+    confirm: bool,
+) -> Gate:
+    """One gate against a stored figure of ``runs`` processes (its centre and 95% interval): ``now`` is this
+    run's log interval, shown and at the decision level; ``noise`` the between-run sd ``tau`` is set from."""
+    shown_now, dec_now = now
+    centre, ci = figure
+    shown = combine_difference(shown_now, math.log(centre), _stored_log_half_width(centre, ci))
+    # A sample of k >= 2 processes: the prediction bound in the threshold already counts the centre's
+    # own uncertainty (its 1/k term), so the decision does not widen by the stored interval again.
+    dec = decision_interval(dec_now, centre, None if runs >= 2 else ci)
+    gate = _judge(name, dec, shown, tau, what)
+    gate.mde = minimum_detectable_effect(dec, tau, noise, runs, confirm=confirm)
+    return gate
 
 
 MACHINE_MOVED = "the reference moved"  # in the reason of a time gate the machine made not comparable

@@ -29,7 +29,7 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -130,28 +130,8 @@ def run_fresh_cases(
     # The pid in the name lets the next session remove the folder if this one is killed.
     with tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-") as tmp:
         out = Path(tmp) / "confirm.json"
-        env = dict(os.environ)
-        env.pop("GITHUB_STEP_SUMMARY", None)
-        env.update(settings.child_env())
-        env.update({BY_NAME[name].env: "" for name in PATH_SETTINGS})  # it writes its results file and no other
-        env.update(
-            {
-                CHILD_ENV: "1",
-                "PERFGUARD_JSON": str(out),
-                "PERFGUARD_TOTAL_BUDGET": repr(float(total_budget)),
-                "PERFGUARD_STRICT": "0",
-                "PERFGUARD_ALLOW_MISSING": "1",
-                # This process and its xdist siblings hold a context on the GPU: not foreign load.
-                SESSION_PIDS_ENV: ",".join(str(p) for p in sorted(session_pids())),
-                ALONE_ENV: "1" if alone else "0",
-            }
-        )
-        cmd = [sys.executable, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", "--perfguard"]
-        cmd += ["--rootdir", str(config.rootpath), *_plugin_args(config)]
-        if config.inipath is not None:
-            cmd += ["-c", str(config.inipath)]
-        if config.pluginmanager.hasplugin("xdist"):
-            cmd += ["-n", "0"]  # overrides an `-n` in addopts: these cases, in this one process
+        env = _child_env(settings, out, total_budget, alone)
+        cmd = _child_command(config, nodeids)
         try:
             proc = subprocess.run(
                 cmd,
@@ -172,6 +152,45 @@ def run_fresh_cases(
         except (OSError, ValueError):
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
             return f"the fresh process wrote no result (exit {proc.returncode}): " + " | ".join(tail)
+    return _records_of(doc, nodeids, proc.returncode)
+
+
+def _child_env(settings: Settings, out: Path, total_budget: float, alone: bool) -> dict[str, str]:
+    """The fresh process's environment: this one's, with the settings handed over. Its results go to ``out``
+    alone (the reports are this run's to write), and only its records count: strict and missing-baseline
+    failures are this run's to decide."""
+    env = dict(os.environ)
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    env.update(settings.child_env())
+    env.update({BY_NAME[name].env: "" for name in PATH_SETTINGS})  # it writes its results file and no other
+    env.update(
+        {
+            CHILD_ENV: "1",
+            "PERFGUARD_JSON": str(out),
+            "PERFGUARD_TOTAL_BUDGET": repr(float(total_budget)),
+            "PERFGUARD_STRICT": "0",
+            "PERFGUARD_ALLOW_MISSING": "1",
+            # This process and its xdist siblings hold a context on the GPU: not foreign load.
+            SESSION_PIDS_ENV: ",".join(str(p) for p in sorted(session_pids())),
+            ALONE_ENV: "1" if alone else "0",
+        }
+    )
+    return env
+
+
+def _child_command(config: pytest.Config, nodeids: list[str]) -> list[str]:
+    """pytest on these items with this session's rootdir, config file and `-p` plugins, in one process."""
+    cmd = [sys.executable, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", "--perfguard"]
+    cmd += ["--rootdir", str(config.rootpath), *_plugin_args(config)]
+    if config.inipath is not None:
+        cmd += ["-c", str(config.inipath)]
+    if config.pluginmanager.hasplugin("xdist"):
+        cmd += ["-n", "0"]  # overrides an `-n` in addopts: these cases, in this one process
+    return cmd
+
+
+def _records_of(doc: Any, nodeids: list[str], returncode: int) -> dict[str, CaseRecord] | str:
+    """The records of these items in the fresh process's results file, or why there are none."""
     wanted = set(nodeids)
     records: dict[str, CaseRecord] = {}
     for raw in doc.get("results", []):
@@ -181,7 +200,7 @@ def run_fresh_cases(
             except RecordError as exc:
                 return f"the fresh process wrote a record this version cannot read: {exc}"
     if not records:
-        return f"the fresh process ran none of the {len(nodeids)} case(s) (exit {proc.returncode})"
+        return f"the fresh process ran none of the {len(nodeids)} case(s) (exit {returncode})"
     return records
 
 

@@ -263,50 +263,71 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
     """One line on what was compared with what; a run that compared nothing fails under CI."""
     s = state.settings
     against = "base revision" if s.against else "baseline"
-    gate = "ab" if s.against else "baseline"
-    not_compared: Counter[str] = Counter()
-    unjudged = 0
-    for r in timed:
-        if r.verdict in UNJUDGED:
-            not_compared[str(r.verdict)] += 1
-            unjudged += 1
-            continue
-        g = r.gate(gate)
-        status = g.status if g is not None else Status.NO_BASELINE
-        if status in UNCOMPARED:
-            not_compared["new (no baseline entry)" if status is Status.NO_BASELINE else str(status)] += 1
+    not_compared = _not_compared(timed, "ab" if s.against else "baseline")
     compared = len(timed) - sum(not_compared.values())
     line = f"perfguard: {compared} of {len(timed)} timed case(s) compared with the {against}"
     if not_compared:
         line += "; not compared: " + ", ".join(f"{n} {why}" for why, n in sorted(not_compared.items()))
     out.messages.append(line)
-    stored = state.baseline.cases if state.baseline is not None and not s.against else {}
-    thin = [r.id for r in timed if (e := stored.get(r.id)) is not None and e.runs < 2]
-    if thin:
-        out.messages.append(
-            f"perfguard: {len(thin)} stored case(s) rest on one process, a thin baseline: their between-process "
-            "spread is unknown, so their threshold falls back to 4x the stored noise; record a sample of "
-            "several processes with pytest --perfguard-update-baseline"
-        )
-    batched = batch_line(timed)
-    if batched:
-        out.messages.append(batched)
-    moved = [r for r in timed if (g := r.gate("baseline")) is not None and MACHINE_MOVED in g.reason]
-    if moved and not s.against:
-        many = len(moved) > MACHINE_MOVED_SHARE * len(timed)
-        out.messages.append(
-            f"perfguard: in {len(moved)} of {len(timed)} timed case(s) the reference moved past the threshold with "
-            "the case: the machine, not the code, moved; their time gates are not comparable and their ratio "
-            "gates decided"
-            + (
-                ". That is more than a quarter of the cases: compare on like machines, or record the baseline on "
-                "this one"
-                if many
-                else ""
-            )
-        )
-    if compared or not s.enabled or unjudged == len(timed):
+    for extra in (_thin_line(state, timed), batch_line(timed), "" if s.against else _moved_line(timed)):
+        if extra:
+            out.messages.append(extra)
+    if compared or not s.enabled or all(r.verdict in UNJUDGED for r in timed):
         return  # cases that failed on their own are not a missing baseline: their failures say why
+    _nothing_compared(state, out)
+
+
+def _not_compared(timed: list[CaseRecord], gate: str) -> Counter[str]:
+    """Why the timed cases that were not compared were not, counted: a verdict before any comparison, or
+    the deciding gate's (``gate``) status that compared with nothing."""
+    not_compared: Counter[str] = Counter()
+    for r in timed:
+        if r.verdict in UNJUDGED:
+            not_compared[str(r.verdict)] += 1
+            continue
+        g = r.gate(gate)
+        status = g.status if g is not None else Status.NO_BASELINE
+        if status in UNCOMPARED:
+            not_compared["new (no baseline entry)" if status is Status.NO_BASELINE else str(status)] += 1
+    return not_compared
+
+
+def _thin_line(state: SessionState, timed: list[CaseRecord]) -> str:
+    """The timed cases whose stored entry rests on one process; empty when there are none (or under A/B)."""
+    stored = state.baseline.cases if state.baseline is not None and not state.settings.against else {}
+    thin = [r.id for r in timed if (e := stored.get(r.id)) is not None and e.runs < 2]
+    if not thin:
+        return ""
+    return (
+        f"perfguard: {len(thin)} stored case(s) rest on one process, a thin baseline: their between-process "
+        "spread is unknown, so their threshold falls back to 4x the stored noise; record a sample of "
+        "several processes with pytest --perfguard-update-baseline"
+    )
+
+
+def _moved_line(timed: list[CaseRecord]) -> str:
+    """The timed cases whose time gate the machine made not comparable (verdict._machine_moved); empty when
+    there are none."""
+    moved = [r for r in timed if (g := r.gate("baseline")) is not None and MACHINE_MOVED in g.reason]
+    if not moved:
+        return ""
+    many = len(moved) > MACHINE_MOVED_SHARE * len(timed)
+    return (
+        f"perfguard: in {len(moved)} of {len(timed)} timed case(s) the reference moved past the threshold with "
+        "the case: the machine, not the code, moved; their time gates are not comparable and their ratio "
+        "gates decided"
+        + (
+            ". That is more than a quarter of the cases: compare on like machines, or record the baseline on this one"
+            if many
+            else ""
+        )
+    )
+
+
+def _nothing_compared(state: SessionState, out: RunSummary) -> None:
+    """A run that compared no timed case with anything: where it looked and how to fix it; an error under
+    CI, unless allowed, since a guard that compares nothing guards nothing."""
+    s = state.settings
     if s.against:
         where = f"the base revision {s.against}"
         fix = "check the revision and the case ids (the reasons above say why each case has no base)"
@@ -488,32 +509,75 @@ def _process_samples(
     dev = device_id(state)
     samples = {r.id: [sample_of(r, dev)] for r in good}
     widths = {r.id: [r.ci_rel or 0.0] for r in good}
-    extra = max(0, s.update_processes - 1)
-    if not good or extra == 0 or state.fresh_cases is None:
+    if not good or s.update_processes <= 1 or state.fresh_cases is None:
         return samples, set()
     ids = [r.id for r in good]
-    missing: set[str] = set()
-    aa, no_aa = _aa_settings(state)
+    fresh = _FreshProcesses(state, out, *_aa_settings(state))
+    missing = _further_processes(fresh, ids, samples, widths, dev)
+    if missing is None:
+        return None
+    limits = {case_id: discord_limit(s.margin, state.noise_floor, widths[case_id]) for case_id in ids}
+    odd = {
+        case_id: bad for case_id in ids if (bad := discordant([x.median_ns for x in samples[case_id]], limits[case_id]))
+    }
+    unstable = _remeasure_discordant(fresh, odd, samples, limits, dev) if odd else set()
+    if unstable is None:
+        return None
+    if missing:
+        out.messages.append(
+            f"perfguard: {len(missing)} case(s) were not recorded by every process (failed or disturbed there); "
+            f"they keep the samples they have: {', '.join(sorted(missing)[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
+    if fresh.no_aa:
+        out.messages.append(
+            f"perfguard: no A/A readings for the A/B gate's per-process offset in this update: {fresh.no_aa}. A/B "
+            "runs count what earlier readings in the baseline file fit, else the built-in H100 value"
+        )
+    return samples, unstable
 
-    def one_process(order: list[str], what: str) -> dict[str, CaseRecord] | None:
-        nonlocal aa, no_aa
+
+@dataclass
+class _FreshProcesses:
+    """An update's fresh processes. They time each case against its twin at HEAD too (A/A, for the A/B
+    gate's offset) while that works; ``aa`` is None, and ``no_aa`` says why, once it does not."""
+
+    state: SessionState
+    out: RunSummary
+    aa: Settings | None
+    no_aa: str
+
+    def run(self, order: list[str], what: str) -> dict[str, CaseRecord] | None:
+        """One fresh process over these cases, in this order: their records, or None (with an error)."""
         print(f"perfguard: {what}: {len(order)} case(s)", file=sys.stderr, flush=True)
-        assert state.fresh_cases is not None
-        got = state.fresh_cases(order, aa or s)
-        if isinstance(got, str) and aa is not None:
+        s, fresh_cases = self.state.settings, self.state.fresh_cases
+        assert fresh_cases is not None
+        got = fresh_cases(order, self.aa or s)
+        if isinstance(got, str) and self.aa is not None:
             # The A/A side must never cost the baseline: the process runs again as a plain one, and so do the rest.
-            aa, no_aa = None, f"the {what} failed with A/A against HEAD ({got}); it and the later ones ran without"
-            got = state.fresh_cases(order, s)
+            self.aa = None
+            self.no_aa = f"the {what} failed with A/A against HEAD ({got}); it and the later ones ran without"
+            got = fresh_cases(order, s)
         if isinstance(got, str):
-            out.errors.append(f"perfguard: no baseline written: the {what} failed: {got}")
+            self.out.errors.append(f"perfguard: no baseline written: the {what} failed: {got}")
             return None
         return got
 
-    for n in range(extra):
+
+def _further_processes(
+    fresh: _FreshProcesses,
+    ids: list[str],
+    samples: dict[str, list[bl.ProcessSample]],
+    widths: dict[str, list[float]],
+    dev: str,
+) -> set[str] | None:
+    """The update's processes after this one, in reverse and forward order by turns; each adds its sample
+    and in-run width to a case it recorded. The ids some process did not record; None when one failed."""
+    n_processes = fresh.state.settings.update_processes
+    missing: set[str] = set()
+    for n in range(n_processes - 1):
         order = ids[::-1] if n % 2 == 0 else ids
-        got = one_process(
-            order, f"update process {n + 2} of {s.update_processes} ({'reverse' if n % 2 == 0 else 'forward'} order)"
-        )
+        direction = "reverse" if n % 2 == 0 else "forward"
+        got = fresh.run(order, f"update process {n + 2} of {n_processes} ({direction} order)")
         if got is None:
             return None
         for case_id in ids:
@@ -523,49 +587,51 @@ def _process_samples(
                 widths[case_id].append(rec.ci_rel or 0.0)
             else:
                 missing.add(case_id)
-    margin, floor = s.margin, state.noise_floor
-    limits = {case_id: discord_limit(margin, floor, widths[case_id]) for case_id in ids}
-    odd = {
-        case_id: bad for case_id in ids if (bad := discordant([x.median_ns for x in samples[case_id]], limits[case_id]))
-    }
+    return missing
+
+
+def _remeasure_discordant(
+    fresh: _FreshProcesses,
+    odd: dict[str, list[int]],
+    samples: dict[str, list[bl.ProcessSample]],
+    limits: dict[str, float],
+    dev: str,
+) -> set[str] | None:
+    """The cases whose process medians disagreed (``odd``: the discordant samples' indices), measured once
+    more in one fresh process: a new median that agrees with the rest replaces the discordant ones, else the
+    case keeps them all and the new one, and is unstable. The unstable ids; None when the process failed."""
+    got = fresh.run(list(odd), "re-measurement of the cases whose processes disagreed")
+    if got is None:
+        return None
     unstable: set[str] = set()
-    if odd:
-        got = one_process(list(odd), "re-measurement of the cases whose processes disagreed")
-        if got is None:
-            return None
-        for case_id, bad in odd.items():
-            rec = got.get(case_id)
-            kept = [x for i, x in enumerate(samples[case_id]) if i not in bad]
-            if rec is not None and _usable(rec):
-                again = [*kept, sample_of(rec, dev)]
-                if len(again) >= 2 and not discordant([x.median_ns for x in again], limits[case_id]):
-                    samples[case_id] = again
-                    continue
-                samples[case_id].append(sample_of(rec, dev))
-            unstable.add(case_id)
-        fixed = len(odd) - len(unstable)
-        out.messages.append(
-            f"perfguard: {len(odd)} case(s) had a process median apart from the others; measured once more, "
-            f"{fixed} agreed (the odd process was dropped) and {len(unstable)} stayed unstable"
-            + (f": {', '.join(sorted(unstable)[:5])}{' ...' if len(unstable) > 5 else ''}" if unstable else "")
-            + (
-                " (stored with unstable: true; the guard calls them inconclusive until they are re-recorded "
-                "on a quiet machine)"
-                if unstable
-                else ""
-            )
+    for case_id, bad in odd.items():
+        rec = got.get(case_id)
+        kept = [x for i, x in enumerate(samples[case_id]) if i not in bad]
+        if rec is not None and _usable(rec):
+            again = [*kept, sample_of(rec, dev)]
+            if len(again) >= 2 and not discordant([x.median_ns for x in again], limits[case_id]):
+                samples[case_id] = again
+                continue
+            samples[case_id].append(sample_of(rec, dev))
+        unstable.add(case_id)
+    fresh.out.messages.append(_discord_line(len(odd), unstable))
+    return unstable
+
+
+def _discord_line(remeasured: int, unstable: set[str]) -> str:
+    """What the re-measurement of the disagreeing cases came to."""
+    fixed = remeasured - len(unstable)
+    return (
+        f"perfguard: {remeasured} case(s) had a process median apart from the others; measured once more, "
+        f"{fixed} agreed (the odd process was dropped) and {len(unstable)} stayed unstable"
+        + (f": {', '.join(sorted(unstable)[:5])}{' ...' if len(unstable) > 5 else ''}" if unstable else "")
+        + (
+            " (stored with unstable: true; the guard calls them inconclusive until they are re-recorded "
+            "on a quiet machine)"
+            if unstable
+            else ""
         )
-    if missing:
-        out.messages.append(
-            f"perfguard: {len(missing)} case(s) were not recorded by every process (failed or disturbed there); "
-            f"they keep the samples they have: {', '.join(sorted(missing)[:5])}{' ...' if len(missing) > 5 else ''}"
-        )
-    if no_aa:
-        out.messages.append(
-            f"perfguard: no A/A readings for the A/B gate's per-process offset in this update: {no_aa}. A/B runs "
-            "count what earlier readings in the baseline file fit, else the built-in H100 value"
-        )
-    return samples, unstable
+    )
 
 
 def _say_ab_offset(path: Path, out: RunSummary) -> None:
