@@ -413,12 +413,12 @@ def _reference_far(gate: Gate, against_blocks: Sequence[float], stored: Baseline
     move = _reference_move(against_blocks, stored, conf) if gate.status in (REGRESSED, FASTER) else None
     limit = math.log1p(MACHINE_MOVED_RATIO_LIMIT)
     if move is not None and (move.lo > limit or move.hi < -limit):
-        moved = math.expm1(move.estimate)
+        moved, lo, hi = (math.expm1(x) * 100 for x in (move.estimate, move.lo, move.hi))
         gate.status = INCONCLUSIVE
         gate.reason = (
-            f"inconclusive: {gate.reason}, but the reference itself ran {moved * 100:+.1f}% from its stored time "
-            f"(beyond {MACHINE_MOVED_RATIO_LIMIT:.0%}): this GPU was in another state, where a ratio is not "
-            "judged; run again"
+            f"inconclusive: {gate.reason}, but the reference itself ran {moved:+.1f}% from its stored time "
+            f"({move.confidence:.0%} CI {lo:+.1f}% .. {hi:+.1f}%, beyond {MACHINE_MOVED_RATIO_LIMIT:.0%}): this "
+            "GPU was in another state, where a ratio is not judged; run again"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 from scipy import stats as sps
@@ -176,6 +177,11 @@ def test_a_ratio_taken_while_the_reference_ran_far_from_its_stored_time_decides_
     time_gate, ratio_gate = far.gates
     assert time_gate.status is vd.NOT_COMPARABLE
     assert ratio_gate.status is vd.INCONCLUSIVE and "the reference itself ran +31.1%" in ratio_gate.reason
+    # the interval it was decided on, at the decision level, lies wholly beyond the limit
+    found = re.search(r"CI ([+-][\d.]+)% \.\. ([+-][\d.]+)%, beyond 20%", ratio_gate.reason)
+    assert found, ratio_gate.reason
+    lo, hi = float(found.group(1)), float(found.group(2))
+    assert 20 < lo < 31.1 < hi
     assert far.status is vd.INCONCLUSIVE
     faster = vd.decide(_blocks(1150.0), _blocks(1050.0, seed=2), stored, **kw)  # ratio -12%, reference +31%
     assert faster.gates[1].status is vd.INCONCLUSIVE
