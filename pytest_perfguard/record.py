@@ -133,7 +133,7 @@ class Gate:
     hi: float | None = None
     threshold: float | None = None
     reason: str = ""
-    mde: float | None = None  # minimum detectable effect at verdict.MDE_POWER, a fraction (0.071 is +7.1%)
+    mde: float | None = None  # minimum detectable effect at policy.MDE_POWER, a fraction (0.071 is +7.1%)
 
     @property
     def ci(self) -> tuple[float, float] | None:

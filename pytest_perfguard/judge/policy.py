@@ -51,6 +51,16 @@ MACHINE_MOVED_SHARE = 0.25
 # against 16.1 us stored in the next two runs (2026-11-26). The limit sits between those; its exact place
 # is not measured.
 MACHINE_MOVED_RATIO_LIMIT = 0.20
+# A stored interval wider than this (a fraction, each side) or a case margin wider than WIDE_MARGIN makes a
+# baseline that catches only gross slowdowns: the update says so, naming the cases (session.py).
+WIDE_INTERVAL = 0.25
+WIDE_MARGIN = 0.5
+# The probability of catching a slowdown at which the minimum detectable effect is reported.
+MDE_POWER = 0.95
+# A batch's fresh process measures for at most this many times what its cases' measurement took in this
+# process, plus one case's budget for that process's own warm-up; a case past the bound is not measured
+# there, and its regression stands, saying so (confirm.Batch).
+BATCH_TIME_FACTOR = 2.0
 
 
 def case_threshold(margin: float, noise: float, noise_floor: float, noise_k: float = NOISE_K) -> float:

@@ -38,7 +38,7 @@ from ..record import Gate as Gate  # the one gate type; judged here, kept in rec
 from ..record import Status
 from ..settings import DEFAULT_MARGIN
 from .baseline import BaselineEntry
-from .policy import MACHINE_MOVED_RATIO_LIMIT, MAX_SAMPLES, NOISE_K, case_threshold, sample_threshold
+from .policy import MACHINE_MOVED_RATIO_LIMIT, MAX_SAMPLES, MDE_POWER, NOISE_K, case_threshold, sample_threshold
 from .stats import Interval, combine_difference, log_interval, normal_quantile
 
 PASS = Status.PASS
@@ -57,9 +57,6 @@ _ORDER = (
     Status.FASTER,
     Status.PASS,
 )
-
-# The probability of catching a slowdown at which the minimum detectable effect is reported.
-MDE_POWER = 0.95
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import pytest
 # How pytest-rerunfailures runs an item without logging its reports, and which exceptions pytest lets through.
 from _pytest.runner import get_reraise_exceptions, runtestprotocol
 
-from ..judge.policy import mean_threshold, process_mean, within_together
+from ..judge.policy import BATCH_TIME_FACTOR, mean_threshold, process_mean, within_together
 from ..judge.verdict import Gate, Verdict
 from ..marker import MARK_NAME
 from ..measure.device import SESSION_PIDS_ENV, session_pids
@@ -54,10 +54,6 @@ if TYPE_CHECKING:
 # Set in a batch's fresh process: each case there is judged as a single confirmation judges its one case
 # (a family of one), not widened for the batch's size.
 ALONE_ENV = "PERFGUARD_CONFIRM_ALONE"
-# A batch's fresh process measures for at most this many times what its cases' measurement took in this
-# process, plus one case's budget for that process's own warm-up; a case past the bound is not measured
-# there, and its regression stands, saying so.
-BATCH_TIME_FACTOR = 2.0
 
 
 def judged_alone() -> bool:

@@ -20,7 +20,15 @@ import pytest
 
 from ..jsonio import JSONFileError
 from ..judge import baseline as bl
-from ..judge.policy import MACHINE_MOVED_SHARE, discord_limit, discordant, prior_spread
+from ..judge.policy import (
+    MACHINE_MOVED_SHARE,
+    NOISE_K,
+    WIDE_INTERVAL,
+    WIDE_MARGIN,
+    discord_limit,
+    discordant,
+    prior_spread,
+)
 from ..judge.policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
 from ..judge.policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
 from ..judge.verdict import MACHINE_MOVED, Policy
@@ -300,7 +308,7 @@ def _thin_line(state: SessionState, timed: list[CaseRecord]) -> str:
         return ""
     return (
         f"perfguard: {len(thin)} stored case(s) rest on one process, a thin baseline: their between-process "
-        "spread is unknown, so their threshold falls back to 4x the stored noise; record a sample of "
+        f"spread is unknown, so their threshold falls back to {NOISE_K:g}x the stored noise; record a sample of "
         "several processes with pytest --perfguard-update-baseline"
     )
 
@@ -317,7 +325,8 @@ def _moved_line(timed: list[CaseRecord]) -> str:
         "the case: the machine, not the code, moved; their time gates are not comparable and their ratio "
         "gates decided"
         + (
-            ". That is more than a quarter of the cases: compare on like machines, or record the baseline on this one"
+            f". That is more than {MACHINE_MOVED_SHARE:.0%} of the cases: compare on like machines, or record the "
+            "baseline on this one"
             if many
             else ""
         )
@@ -645,12 +654,6 @@ def _say_ab_offset(path: Path, out: RunSummary) -> None:
             f"perfguard: the A/B gate's per-process offset on this device model, from the A/A readings in "
             f"{shown(path)}: {fitted.describe()}; --perfguard-against runs on it count that"
         )
-
-
-# A stored interval wider than this (a fraction, each side) or a case margin wider than WIDE_MARGIN makes a
-# baseline that catches only gross slowdowns: the update says so, naming the cases.
-WIDE_INTERVAL = 0.25
-WIDE_MARGIN = 0.5
 
 
 def _say_wide_entries(state: SessionState, path: Path, ids: list[str], out: RunSummary) -> None:
