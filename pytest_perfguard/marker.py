@@ -161,34 +161,8 @@ def _bind(**kwargs: Any) -> inspect.BoundArguments:
         raise TypeError(f"perf_case(): {exc}; allowed: {allowed}") from None
 
 
-def perf_case(
-    *,
-    variants: Mapping[str, Callable[..., Any] | Variant],
-    reference: Callable[..., Any],
-    against: Callable[..., Any] | None = None,
-    tolerance: ToleranceTable | None = None,
-    flops: Callable[..., float] | None = None,
-    seeds: int = 3,
-    max_ratio: float | None = None,
-    clock: Clock | None = None,
-    against_backend: Callable[..., str] | None = None,
-    bytes: Callable[..., float] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Guards every variant of a kernel: one test item per variant and parametrization.
-
-    The decorated function makes one trial's inputs and returns `(args, kwargs)`; the plugin calls it
-    again, under a fresh seed, for every correctness trial and every input copy used in timing.
-
-    variants: name -> callable or `Variant`. reference: the correctness oracle, run on float64 copies.
-    against: timed interleaved with each variant (the ratio gate). tolerance: dtype -> dict(atol, rtol,
-    native_factor). flops: FLOP count from the test's parameters (by name), for TFLOP/s. seeds: number of
-    correctness trials (at least 3). max_ratio: default ratio limit to `against`. clock: a nanosecond
-    clock for the CPU timer, for testing the guard itself. against_backend: called with a case's inputs,
-    names the implementation `against` dispatches to (e.g. SDPA's flash or cuDNN backend); it is stored
-    with the baseline, and a change of it makes the baseline "not comparable". bytes: bytes moved per call
-    from the test's parameters (by name), for GB/s; by default the sizes of the inputs and the output.
-    A throughput above the GPU's peak fails the case (integrity.py).
-    """
+def _variants(variants: Mapping[str, Callable[..., Any] | Variant]) -> dict[str, Variant]:
+    """Each variant as a `Variant`, its name checked here because it becomes part of the test id."""
     if not isinstance(variants, Mapping) or not variants:
         raise TypeError("perf_case(variants=...) must be a non-empty dict of name -> callable or Variant")
     normalized: dict[str, Variant] = {}
@@ -198,6 +172,21 @@ def perf_case(
                 f"variant name {name!r} must be letters, digits, '_' or '.' (it becomes part of the test id)"
             )
         normalized[name] = v if isinstance(v, Variant) else Variant(v)
+    return normalized
+
+
+def _check_arguments(
+    *,
+    reference: Callable[..., Any],
+    against: Callable[..., Any] | None,
+    against_backend: Callable[..., str] | None,
+    flops: Callable[..., float] | None,
+    bytes: Callable[..., float] | None,
+    seeds: int,
+    max_ratio: float | None,
+    tolerance: ToleranceTable | None,
+) -> None:
+    """Rejects a bad argument where the test is decorated, with what it must be, rather than when an item runs."""
     if not callable(reference):
         raise TypeError("perf_case(reference=...) must be callable: the float64 correctness oracle")
     if against is not None and not callable(against):
@@ -213,19 +202,11 @@ def perf_case(
     if max_ratio is not None and not (isinstance(max_ratio, int | float) and max_ratio > 0):
         raise ValueError(f"perf_case(max_ratio=...) must be a positive number, got {max_ratio!r}")
     _check_tolerance(tolerance, "perf_case tolerance")
-    case = PerfCase(
-        variants=normalized,
-        reference=reference,
-        against=against,
-        tolerance=tolerance,
-        flops=flops,
-        seeds=seeds,
-        max_ratio=max_ratio,
-        clock=clock,
-        against_backend=against_backend,
-        bytes=bytes,
-        against_name=getattr(against, "__name__", "against") if against is not None else "against",
-    )
+
+
+def _decorator(case: PerfCase) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Turns the user's input factory into the test pytest collects: the factory's parameters plus the two
+    the plugin fills, a body that hands the case to the runner, and the mark that carries the case."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn)
@@ -254,6 +235,61 @@ def perf_case(
         return marked
 
     return decorate
+
+
+def perf_case(
+    *,
+    variants: Mapping[str, Callable[..., Any] | Variant],
+    reference: Callable[..., Any],
+    against: Callable[..., Any] | None = None,
+    tolerance: ToleranceTable | None = None,
+    flops: Callable[..., float] | None = None,
+    seeds: int = 3,
+    max_ratio: float | None = None,
+    clock: Clock | None = None,
+    against_backend: Callable[..., str] | None = None,
+    bytes: Callable[..., float] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Guards every variant of a kernel: one test item per variant and parametrization.
+
+    The decorated function makes one trial's inputs and returns `(args, kwargs)`; the plugin calls it
+    again, under a fresh seed, for every correctness trial and every input copy used in timing.
+
+    variants: name -> callable or `Variant`. reference: the correctness oracle, run on float64 copies.
+    against: timed interleaved with each variant (the ratio gate). tolerance: dtype -> dict(atol, rtol,
+    native_factor). flops: FLOP count from the test's parameters (by name), for TFLOP/s. seeds: number of
+    correctness trials (at least 3). max_ratio: default ratio limit to `against`. clock: a nanosecond
+    clock for the CPU timer, for testing the guard itself. against_backend: called with a case's inputs,
+    names the implementation `against` dispatches to (e.g. SDPA's flash or cuDNN backend); it is stored
+    with the baseline, and a change of it makes the baseline "not comparable". bytes: bytes moved per call
+    from the test's parameters (by name), for GB/s; by default the sizes of the inputs and the output.
+    A throughput above the GPU's peak fails the case (integrity.py).
+    """
+    normalized = _variants(variants)
+    _check_arguments(
+        reference=reference,
+        against=against,
+        against_backend=against_backend,
+        flops=flops,
+        bytes=bytes,
+        seeds=seeds,
+        max_ratio=max_ratio,
+        tolerance=tolerance,
+    )
+    case = PerfCase(
+        variants=normalized,
+        reference=reference,
+        against=against,
+        tolerance=tolerance,
+        flops=flops,
+        seeds=seeds,
+        max_ratio=max_ratio,
+        clock=clock,
+        against_backend=against_backend,
+        bytes=bytes,
+        against_name=getattr(against, "__name__", "against") if against is not None else "against",
+    )
+    return _decorator(case)
 
 
 # The signature check runs before the body: unknown keywords get a message that lists the allowed ones.

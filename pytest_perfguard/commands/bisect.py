@@ -336,6 +336,36 @@ def _report(top: Path, work: Path, good: str, first_bad: str) -> None:
             print(f"  {_subject(top, other.sha)[:60]:<60} {other.word:<9} {other.reason}")
 
 
+def _bisect_started(
+    top: Path, work: Path, step: Sequence[str], *, good_sha: str, bad_sha: str, good_name: str, bad_name: str
+) -> int:
+    """The bisection once git bisect has started (the caller resets it). BAD is measured first, so a range
+    whose BAD is not slower than GOOD stops before any other revision is measured."""
+    _git_loud(top, "checkout", "-q", "--detach", bad_sha)
+    print(f"perfguard bisect: measuring BAD {bad_name} against GOOD {good_name} first", flush=True)
+    first = subprocess.run(step, cwd=top, check=False).returncode
+    if first != BAD:
+        result = _load_step(work, bad_sha)
+        why = result.reason if result is not None else f"the step exited {first}"
+        what = "is not slower than" if first == GOOD else "cannot be compared with"
+        print(f"perfguard bisect: nothing to bisect: BAD {bad_name} {what} GOOD {good_name}: {why}")
+        return 1
+    _git_loud(top, "bisect", "bad", bad_sha)
+    output = _git_loud(top, "bisect", "good", good_sha)
+    print(output, flush=True)
+    if "is the first bad commit" not in output:
+        output = _bisect_run(top, step)
+    if "is the first bad commit" not in output:
+        print(
+            "perfguard bisect: no single first bad commit (skipped revisions hide it, or a step failed); "
+            f"the steps are listed in {work}/steps"
+        )
+        return 1
+    first_bad = git(top, "rev-parse", "refs/bisect/bad")
+    _report(top, work, good_name, first_bad)
+    return 0
+
+
 def bisect(good: str, bad: str, case: str, pytest_args: Sequence[str], cwd: Path, work: Path | None) -> int:
     """The whole bisection; returns the exit status."""
     try:
@@ -370,29 +400,9 @@ def bisect(good: str, bad: str, case: str, pytest_args: Sequence[str], cwd: Path
     )
     _git_loud(top, "bisect", "start")
     try:
-        _git_loud(top, "checkout", "-q", "--detach", bad_sha)
-        print(f"perfguard bisect: measuring BAD {bad_name} against GOOD {good_name} first", flush=True)
-        first = subprocess.run(step, cwd=top, check=False).returncode
-        if first != BAD:
-            result = _load_step(work, bad_sha)
-            why = result.reason if result is not None else f"the step exited {first}"
-            what = "is not slower than" if first == GOOD else "cannot be compared with"
-            print(f"perfguard bisect: nothing to bisect: BAD {bad_name} {what} GOOD {good_name}: {why}")
-            return 1
-        _git_loud(top, "bisect", "bad", bad_sha)
-        output = _git_loud(top, "bisect", "good", good_sha)
-        print(output, flush=True)
-        if "is the first bad commit" not in output:
-            output = _bisect_run(top, step)
-        if "is the first bad commit" not in output:
-            print(
-                "perfguard bisect: no single first bad commit (skipped revisions hide it, or a step failed); "
-                f"the steps are listed in {work}/steps"
-            )
-            return 1
-        first_bad = git(top, "rev-parse", "refs/bisect/bad")
-        _report(top, work, good_name, first_bad)
-        return 0
+        return _bisect_started(
+            top, work, step, good_sha=good_sha, bad_sha=bad_sha, good_name=good_name, bad_name=bad_name
+        )
     finally:
         reset = subprocess.run(["git", "bisect", "reset"], cwd=top, capture_output=True, text=True, check=False)
         if reset.returncode != 0:

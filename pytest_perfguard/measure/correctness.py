@@ -322,9 +322,16 @@ def judge_output(
     _plain_tensor(out, seed)
     if oracle is None:
         oracle = oracle_of(inputs, reference, seed=seed, upcast=upcast)
-    ref = oracle.ref
     expected_dtype = oracle.native_dtype if oracle.native_dtype is not None else in_dtype
+    _same_form(out, oracle.ref, expected_dtype, device, seed)
+    return _within_bounds(out, oracle, expected_dtype, overrides, seed)
 
+
+def _same_form(
+    out: torch.Tensor, ref: torch.Tensor, expected_dtype: torch.dtype, device: torch.device, seed: int
+) -> None:
+    """The output has the reference's shape, the expected dtype and the inputs' device: the errors are
+    computed only on an output that could be the answer."""
     if tuple(out.shape) != tuple(ref.shape):
         raise CorrectnessFailure(f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)} (seed {seed})")
     if out.dtype != expected_dtype:
@@ -332,6 +339,17 @@ def judge_output(
     if out.device != device:
         raise CorrectnessFailure(f"output on {out.device}, inputs on {device} (seed {seed})")
 
+
+def _within_bounds(
+    out: torch.Tensor,
+    oracle: Oracle,
+    expected_dtype: torch.dtype,
+    overrides: Sequence[Mapping[Any, Mapping[str, float]] | None],
+    seed: int,
+) -> SeedReport:
+    """The output's errors against the oracle, judged in order: unwritten elements, a non-finite reference it
+    does not equal, the native-precision bound, then the atol/rtol backstop. The first that fails raises."""
+    ref = oracle.ref
     tol = resolve_tolerance(expected_dtype, overrides)
     e = _errors(out.detach(), ref, oracle.finite, tol)
     if e.unwritten:

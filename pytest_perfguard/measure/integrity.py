@@ -90,6 +90,65 @@ def patched_message(names: Sequence[str]) -> str:
 # ------------------------------------------------------------------------------ timed outputs checked
 
 
+@dataclass(frozen=True)
+class _Refill:
+    """The values step 2 of `timed_outputs` writes into copy 0's inputs, and the oracle kept for them, if any."""
+
+    seed: int
+    values: list[tuple[str, torch.Tensor]]
+    oracle: Oracle | None
+
+
+def _other_values(
+    inputs: Inputs,
+    now: Oracle | None,
+    oracles: Sequence[Oracle],
+    fresh: Callable[[], tuple[int, Inputs]] | None,
+) -> _Refill | None:
+    """A kept oracle's values that fit `inputs` and differ from them, so the reference is not computed again;
+    else values from `fresh()`; None when there is neither."""
+    later = next((o for o in oracles if o is not now and o.fits(inputs) and not o.matches(inputs)), None)
+    if later is not None:
+        return _Refill(later.seed, later.values, later)
+    if fresh is not None:
+        new_seed, new_inputs = fresh()
+        return _Refill(new_seed, [(name, t.detach()) for name, t in tensors_of(new_inputs)], None)
+    return None
+
+
+def _replayed(
+    first: object,
+    outputs: dict[int, object],
+    sample: Callable[[], object],
+    inputs: Inputs,
+    tensors: list[tuple[str, torch.Tensor]],
+    refill: _Refill,
+    reference: Callable[..., Any],
+    overrides: Overrides,
+) -> str | None:
+    """Step 2 of `timed_outputs`: copy 0's inputs get the new values in place and its output NaN, the timed
+    sample runs once more, and the inputs and the output it leaves in `outputs` are judged. The caller puts
+    the original values back."""
+    for (_, t), (_, new) in zip(tensors, refill.values, strict=True):
+        t.copy_(new)
+    if isinstance(first, torch.Tensor) and first.is_floating_point():
+        first.fill_(math.nan)
+    sample()
+    if tensors[0][1].is_cuda:
+        torch.cuda.synchronize(tensors[0][1].device)
+    changed = modified_input(refill.values, tensors)
+    if changed:
+        return f"input mutation: the timed calls modified input {changed} in place (seed {refill.seed})"
+    try:
+        judge_output(outputs.get(0), inputs, reference, overrides, seed=refill.seed, oracle=refill.oracle)
+    except CorrectnessFailure as exc:
+        return (
+            "timed output wrong: a replay of the timed calls on new input values, outside the timed window, "
+            f"returned a stale, cached, unfinished or partial result: {exc}"
+        )
+    return None
+
+
 def timed_outputs(
     outputs: dict[int, object],
     sample: Callable[[], object] | None,
@@ -127,37 +186,15 @@ def timed_outputs(
     if sample is None:
         return None
     tensors = tensors_of(inputs)
-    later = next((o for o in oracles if o is not now and o.fits(inputs) and not o.matches(inputs)), None)
-    if later is not None:
-        new_seed, new_values, oracle = later.seed, later.values, later
-    elif fresh is not None:
-        new_seed, new_inputs = fresh()
-        new_values, oracle = [(name, t.detach()) for name, t in tensors_of(new_inputs)], None
-    else:
+    refill = _other_values(inputs, now, oracles, fresh)
+    if refill is None:
         return None
     original = now.values if now is not None else [(name, t.detach().clone()) for name, t in tensors]
     try:
-        for (_, t), (_, new) in zip(tensors, new_values, strict=True):
-            t.copy_(new)
-        if isinstance(first, torch.Tensor) and first.is_floating_point():
-            first.fill_(math.nan)
-        sample()
-        if tensors[0][1].is_cuda:
-            torch.cuda.synchronize(tensors[0][1].device)
-        changed = modified_input(new_values, tensors)
-        if changed:
-            return f"input mutation: the timed calls modified input {changed} in place (seed {new_seed})"
-        try:
-            judge_output(outputs.get(0), inputs, reference, overrides, seed=new_seed, oracle=oracle)
-        except CorrectnessFailure as exc:
-            return (
-                "timed output wrong: a replay of the timed calls on new input values, outside the timed window, "
-                f"returned a stale, cached, unfinished or partial result: {exc}"
-            )
+        return _replayed(first, outputs, sample, inputs, tensors, refill, reference, overrides)
     finally:
         for (_, t), (_, old) in zip(tensors, original, strict=True):
             t.copy_(old)
-    return None
 
 
 # ------------------------------------------------------------------------------------ unseen work
@@ -296,6 +333,69 @@ class DegenerateResult:
     note: str  # what was seen, for the record's notes
 
 
+def _screened(
+    out: object,
+    rand: Inputs,
+    fastest: dict[str, float],
+    what: str,
+    *,
+    reference: Callable[..., Any],
+    overrides: Overrides,
+    seed: int,
+) -> DegenerateResult | None:
+    """What the first look at the randomised copy settles: a wrong output on it fails the case, and a copy
+    not SHORTCUT_FACTOR x slower clears it. None when a shortcut is suspected: a few samples cannot say more."""
+    try:
+        judge_output(out, rand, reference, overrides, seed=seed)
+    except CorrectnessFailure as exc:
+        return DegenerateResult(
+            f"degenerate input: {what}, and on a randomised copy of the same shape the variant's output fails "
+            f"the check: {exc}. The kernel may rely on that value: test it with random values (torch.randn)",
+            "",
+        )
+    ratio = fastest["copy"] / max(fastest["constant"], 1e-9)
+    if ratio < SHORTCUT_FACTOR:
+        return DegenerateResult(
+            None,
+            f"degenerate input: {what}; a randomised copy read {ratio:.2f}x its time and computed the right "
+            "output: no shortcut",
+        )
+    return None
+
+
+def _confirmed(
+    variant: Callable[..., Any],
+    first: Inputs,
+    timer: timing.Timer,
+    copy_sample: Sample,
+    what: str,
+    *,
+    reps: int,
+    seed: int,
+) -> DegenerateResult:
+    """A suspected shortcut, timed again before it fails the case: CONFIRM_ROUNDS alternating samples of each
+    side (the constant inputs in a sample of their own), and the fastest of each compared."""
+
+    def on_constant() -> object:
+        return variant(*first[0], **first[1])
+
+    constant_sample = timer.prepare([on_constant] * reps)
+    fastest = _fastest({"constant": constant_sample, "copy": copy_sample}, CONFIRM_ROUNDS, random.Random(seed + 1))
+    fast, slow = fastest["constant"], fastest["copy"]
+    ratio = slow / max(fast, 1e-9)
+    seen = (
+        f"the variant takes {fast / 1e3:.3g} us per call on it vs {slow / 1e3:.3g} us on random data of the same "
+        f"shape (the fastest of {CONFIRM_ROUNDS} alternating samples each: {ratio:.1f}x)"
+    )
+    if ratio >= SHORTCUT_FACTOR:
+        return DegenerateResult(
+            f"shortcut on degenerate input: {what}; {seen}: its time would not hold for real inputs. Time it on "
+            "random data (torch.randn)",
+            "",
+        )
+    return DegenerateResult(None, f"degenerate input: {what}; {seen}: not a shortcut")
+
+
 def degenerate_inputs(
     variant: Callable[..., Any],
     first: Inputs,
@@ -341,40 +441,10 @@ def degenerate_inputs(
             f"degenerate input: {what}; not checked: the variant raised {type(exc).__name__} on a randomised copy "
             f"(seed {seed}): {exc}",
         )
-    try:
-        judge_output(box.get("out"), rand, reference, overrides, seed=seed)
-    except CorrectnessFailure as exc:
-        return DegenerateResult(
-            f"degenerate input: {what}, and on a randomised copy of the same shape the variant's output fails "
-            f"the check: {exc}. The kernel may rely on that value: test it with random values (torch.randn)",
-            "",
-        )
-    ratio = fastest["copy"] / max(fastest["constant"], 1e-9)
-    if ratio < SHORTCUT_FACTOR:
-        return DegenerateResult(
-            None,
-            f"degenerate input: {what}; a randomised copy read {ratio:.2f}x its time and computed the right "
-            "output: no shortcut",
-        )
-
-    def on_constant() -> object:
-        return variant(*first[0], **first[1])
-
-    constant_sample = timer.prepare([on_constant] * reps)
-    fastest = _fastest({"constant": constant_sample, "copy": copy_sample}, CONFIRM_ROUNDS, random.Random(seed + 1))
-    fast, slow = fastest["constant"], fastest["copy"]
-    ratio = slow / max(fast, 1e-9)
-    seen = (
-        f"the variant takes {fast / 1e3:.3g} us per call on it vs {slow / 1e3:.3g} us on random data of the same "
-        f"shape (the fastest of {CONFIRM_ROUNDS} alternating samples each: {ratio:.1f}x)"
-    )
-    if ratio >= SHORTCUT_FACTOR:
-        return DegenerateResult(
-            f"shortcut on degenerate input: {what}; {seen}: its time would not hold for real inputs. Time it on "
-            "random data (torch.randn)",
-            "",
-        )
-    return DegenerateResult(None, f"degenerate input: {what}; {seen}: not a shortcut")
+    settled = _screened(box.get("out"), rand, fastest, what, reference=reference, overrides=overrides, seed=seed)
+    if settled is not None:
+        return settled
+    return _confirmed(variant, first, timer, copy_sample, what, reps=reps, seed=seed)
 
 
 # --------------------------------------------------------------------------------- silent fallback

@@ -467,16 +467,7 @@ def measure(
     sides = {"v": variant, "a": against, "b": base}
     makers, kept = _keeping_outputs({side: make for side, make in sides.items() if make is not None})
     size = _size(makers, timer, cfg, copies, bytes_per_copy, recapture=base is not None)
-
-    def prepare() -> dict[str, PreparedSample]:
-        order = list(makers)
-        rng.shuffle(order)  # capture and allocation order: no side is always first
-        prepared = {side: timer.prepare([makers[side](i) for i in range(size.reps)]) for side in order}
-        for side in order:
-            prepared[side]()  # one discarded sample each: first replays pay for lazy setup
-        return prepared
-
-    samples = prepare()
+    samples = _prepared(makers, timer, rng, size.reps)
     tally = _Tally({side: [] for side in makers})
     stop_reason = "max_blocks"
     if watch is not None:
@@ -485,7 +476,7 @@ def measure(
         n = len(tally.blocks["v"])
         if size.every and n and n % size.every == 0:
             samples.clear()  # free the old graphs first: two sets of captures of a large case need twice the memory
-            samples = prepare()
+            samples = _prepared(makers, timer, rng, size.reps)
         tally.block(samples, rng, size, n)
         if on_block is not None:
             tally.seen(on_block())
@@ -494,14 +485,10 @@ def measure(
         n += 1
         spent = timer.now_ns() - t_start
         if on_progress is not None:
-            now = {side: list(v) for side, v in tally.blocks.items()}
-            widest = partial(_widest, now, list(tally.groups), cfg)
-            on_progress(Progress(n, spent / 1e9, cfg.budget_s, cfg.target, widest))
-        if n >= size.min_blocks and spent >= cfg.min_time_s * 1e9 and _narrow(tally.blocks, tally.groups, cfg):
-            stop_reason = "target"
-            break
-        if spent >= cfg.budget_s * 1e9 and n >= min(size.min_blocks, 6):
-            stop_reason = "budget"
+            on_progress(tally.progress(n, spent, cfg))
+        stop = _stop_reason(tally, size, cfg, n, spent)
+        if stop is not None:
+            stop_reason = stop
             break
     if watch is not None:
         for problem in watch.stop():
@@ -578,6 +565,18 @@ def _size(
     return _Size(reps, spb, min_blocks, every)
 
 
+def _prepared(
+    makers: dict[str, Callable[[int], Call]], timer: Timer, rng: random.Random, reps: int
+) -> dict[str, PreparedSample]:
+    """Every side's sample, prepared (captured, on CUDA) in a random order and run once."""
+    order = list(makers)
+    rng.shuffle(order)  # capture and allocation order: no side is always first
+    prepared = {side: timer.prepare([makers[side](i) for i in range(reps)]) for side in order}
+    for side in order:
+        prepared[side]()  # one discarded sample each: first replays pay for lazy setup
+    return prepared
+
+
 @dataclass
 class _Tally:
     """What a measurement's blocks have measured so far: each side's block medians, the capture group of
@@ -610,6 +609,13 @@ class _Tally:
         for side in self.blocks:
             self.blocks[side].append(statistics.median(per_side[side]))
         self.groups.append(n // size.every if size.every else 0)
+
+    def progress(self, n: int, spent_ns: float, cfg: MeasureConfig) -> Progress:
+        """Where the measurement stands after block `n`. The display gets copies of the blocks, as the
+        measurement goes on adding to them, and computes the widest interval only when it draws."""
+        now = {side: list(v) for side, v in self.blocks.items()}
+        widest = partial(_widest, now, list(self.groups), cfg)
+        return Progress(n, spent_ns / 1e9, cfg.budget_s, cfg.target, widest)
 
     def measurement(
         self,
@@ -644,6 +650,17 @@ class _Tally:
             sample=sample,
             outputs=outputs,
         )
+
+
+def _stop_reason(tally: _Tally, size: _Size, cfg: MeasureConfig, n: int, spent_ns: float) -> str | None:
+    """Why the measurement stops after `n` blocks and `spent_ns` of its time, or None to go on: "target" once
+    every interval is narrow enough (after the minimum of blocks and time), "budget" once the budget is spent
+    (after a few blocks at least)."""
+    if n >= size.min_blocks and spent_ns >= cfg.min_time_s * 1e9 and _narrow(tally.blocks, tally.groups, cfg):
+        return "target"
+    if spent_ns >= cfg.budget_s * 1e9 and n >= min(size.min_blocks, 6):
+        return "budget"
+    return None
 
 
 def _narrow(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfig) -> bool:

@@ -301,6 +301,41 @@ class Profiled:
     device: str
 
 
+def _ncu_command(
+    work: Path,
+    report: Path,
+    probe_out: Path,
+    metrics: Sequence[str],
+    lock_clocks: bool,
+    select: Sequence[str],
+    pytest_args: Sequence[str],
+) -> list[str]:
+    """ncu's arguments: a pytest run of the pinned plugin with the probe loaded, profiled only where the
+    probe turns the profiler on (around the one call), its report exported to `report`."""
+    return [
+        "--target-processes",
+        "all",
+        "--profile-from-start",
+        "off",
+        "--clock-control",
+        "base" if lock_clocks else "none",
+        "--metrics",
+        ",".join(metrics),
+        "--export",
+        str(report),
+        "--force-overwrite",
+        *pytest_command(work / "plugin"),
+        "-p",
+        "pytest_perfguard.commands.explain.probe",
+        "-p",
+        "no:cacheprovider",
+        "--perfguard-explain-out",
+        str(probe_out),
+        *select,
+        *pytest_args,
+    ]
+
+
 def profile(
     ncu: str, cwd: Path, select: Sequence[str], pytest_args: Sequence[str], work: Path, side: str, lock_clocks: bool
 ) -> Profiled:
@@ -312,28 +347,7 @@ def profile(
     metrics = [m.name for m in METRICS]
     for _attempt in range(2):
         probe_out.unlink(missing_ok=True)
-        command = [
-            "--target-processes",
-            "all",
-            "--profile-from-start",
-            "off",
-            "--clock-control",
-            "base" if lock_clocks else "none",
-            "--metrics",
-            ",".join(metrics),
-            "--export",
-            str(report),
-            "--force-overwrite",
-            *pytest_command(work / "plugin"),
-            "-p",
-            "pytest_perfguard.commands.explain.probe",
-            "-p",
-            "no:cacheprovider",
-            "--perfguard-explain-out",
-            str(probe_out),
-            *select,
-            *pytest_args,
-        ]
+        command = _ncu_command(work, report, probe_out, metrics, lock_clocks, select, pytest_args)
         proc = _ncu_run(ncu, command, cwd, child_env(work / "plugin"))
         output = proc.stdout + proc.stderr
         log.write_text(output, encoding="utf-8")
