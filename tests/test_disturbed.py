@@ -1,8 +1,8 @@
 """A disturbed measurement end to end: re-measured once, judged on the clean one when the disturbance
 passed, inconclusive and never stored when it stayed; a case on an injected clock is never watched.
 
-The host's load is injected through the CPU watch's counters: the project's conftest replaces the runner's
-CpuWatch with one whose windows read as recorded beside two busy-loop processes (39% of each window
+The host's load is injected through the CPU watch's counters: the project's conftest replaces the timing
+step's CpuWatch with one whose windows read as recorded beside two busy-loop processes (39% of each window
 waiting for a CPU), for each case's first window (DISTURB=first) or every one (DISTURB=all). The cases
 time with the real clock, so their numbers move with the machine; what is asserted here does not. The
 last test loads the host for real: a busy process on the CPU the run is pinned to.
@@ -27,7 +27,7 @@ LOADED_HOST = '''
 import os
 
 from pytest_perfguard.measure import cpuwatch
-from pytest_perfguard.run import runner
+from pytest_perfguard.run import timed
 
 
 class LoadedHost(cpuwatch.CpuWatch):
@@ -55,11 +55,11 @@ class LoadedHost(cpuwatch.CpuWatch):
 
 
 def pytest_configure(config):
-    runner.CpuWatch = LoadedHost
+    timed.CpuWatch = LoadedHost
 
 
 def pytest_unconfigure(config):
-    runner.CpuWatch = cpuwatch.CpuWatch
+    timed.CpuWatch = cpuwatch.CpuWatch
 '''
 
 CASES = """

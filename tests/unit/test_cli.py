@@ -19,7 +19,7 @@ from pytest_perfguard.judge.baseline import (
     read_baseline,
     write_baseline,
 )
-from pytest_perfguard.record import CaseRecord
+from pytest_perfguard.record import CaseRecord, Correctness
 from pytest_perfguard.report.formats import format_ratio, format_time
 from pytest_perfguard.report.results import ResultsError, read_results
 
@@ -377,10 +377,15 @@ def test_read_results_duplicate_id_and_extras(tmp_path: Path) -> None:
     path = make_results(tmp_path / "r.json", [record("x", 1.0), record("x", 2.0)])
     with pytest.raises(ResultsError, match="'x' appears twice"):
         read_results(path)
-    path = make_results(tmp_path / "r.json", [record("x", 1.0, env={"a": "b"}, correctness={"max_err": 0.001})])
+    correctness = {"passed": True, "seeds": [7], "max_abs": 0.001}
+    path = make_results(tmp_path / "r.json", [record("x", 1.0, env={"a": "b"}, correctness=correctness)])
     results = read_results(path)
     assert results.results[0].env == {"a": "b"}
-    assert results.results[0].correctness == {"max_err": 0.001}
+    assert results.results[0].correctness == Correctness(passed=True, seeds=[7], max_abs=0.001)
+    # the correctness summary is typed: a field the plugin never writes is refused, naming it
+    path = make_results(tmp_path / "r.json", [record("x", 1.0, correctness={"passed": True, "max_err": 0.001})])
+    with pytest.raises(ResultsError, match=r"record 'x': unknown correctness field\(s\) \['max_err'\]"):
+        read_results(path)
 
 
 # ------------------------------------------------------------------------------------ migrate / validate
