@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -34,11 +34,15 @@ class DeviceLock(Protocol):
 class IntegrityChecks:
     """The checks of one case, and the seconds each took."""
 
-    def __init__(self, settings: Settings, kind: str, lock: DeviceLock, bindings: dict[str, tuple[Any, Any]]) -> None:
+    def __init__(
+        self, settings: Settings, kind: str, lock: DeviceLock, bindings: Callable[[], dict[str, tuple[Any, Any]]]
+    ) -> None:
         self.settings = settings
         self.kind = kind  # "cuda" or "cpu"
         self.lock = lock
-        self.bindings = bindings  # the engine functions as the timing step holds them: (now, at import)
+        # The engine functions as the timing step holds them, (now, at import): read at each check, so that a
+        # patch made during the case (by its kernel, in its timed calls) is seen after timing.
+        self.bindings = bindings
         self.spent: dict[str, float] = {}  # seconds per check, outside the timed window
 
     @contextlib.contextmanager
@@ -67,7 +71,7 @@ class IntegrityChecks:
 
     def _patched(self) -> str | None:
         with self._check("patched timer"):
-            patched = integrity.patched_timers(self.bindings)
+            patched = integrity.patched_timers(self.bindings())
         return integrity.patched_message(patched) if patched else None
 
     def before_timing(

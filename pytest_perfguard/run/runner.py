@@ -215,7 +215,7 @@ class Runner:
         record.workload_desc = describe_workload(first)
         record.workload = workload_hash(record.workload_desc)
         self._stage = "correctness check"
-        checks = IntegrityChecks(s, self.state.kind, self._lock, engine_bindings())
+        checks = IntegrityChecks(s, self.state.kind, self._lock, engine_bindings)
         probe = checks.probe(variant) if s.enabled else None
         report = self._correctness(record, case, variant, make_inputs, seeds, first, probe)
         if not report.passed:

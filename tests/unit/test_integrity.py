@@ -120,6 +120,24 @@ def test_a_patched_clock_or_engine_function_is_named(monkeypatch: pytest.MonkeyP
     assert integrity.patched_timers({"runner.measure": (marker, object())})[-1] == "runner.measure"
 
 
+@pytest.mark.parametrize("name", ["measure", "make_timer", "pooled"])
+def test_an_engine_function_patched_during_the_case_is_seen_after_timing(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The runner's checks read the timing step's bindings when they check, not when the case starts: a
+    kernel that patches one in its first timed call is caught by the check after timing."""
+    from contextlib import nullcontext
+
+    from pytest_perfguard.run import timed
+    from pytest_perfguard.run.checks import IntegrityChecks
+    from pytest_perfguard.settings import Settings
+
+    checks = IntegrityChecks(Settings(), "cpu", lambda *, exclusive: nullcontext(), timed.engine_bindings)
+    assert checks._patched() is None
+    monkeypatch.setattr(timed, name, lambda *a, **k: None)
+    assert f"patched timer: pytest_perfguard.run.timed.{name} is not" in (checks._patched() or "")
+
+
 # ------------------------------------------------------------------------------------- timed outputs
 
 
