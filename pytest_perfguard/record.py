@@ -108,6 +108,15 @@ def _list(obj: dict[str, Any], key: str, what: str) -> list[Any]:
     return value
 
 
+def _optional_integers(obj: dict[str, Any], key: str, what: str) -> list[int] | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        raise RecordError(f"{what} field {key!r} must be a list of integers or null, got {json.dumps(value)[:60]}")
+    return list(value)
+
+
 def _optional_interval(obj: dict[str, Any], key: str, what: str) -> Interval | None:
     value = obj.get(key)
     if value is None:
@@ -293,22 +302,13 @@ class Correctness:
         passed = obj.get("passed")
         if not isinstance(passed, bool):
             raise RecordError(f"correctness field 'passed' must be true or false, got {json.dumps(passed)[:60]}")
-        seeds, index = _list(obj, "seeds", what), obj.get("worst_index")
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
-            raise RecordError(f"correctness field 'seeds' must be a list of integers, got {json.dumps(seeds)[:60]}")
-        if index is not None and (
-            not isinstance(index, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in index)
-        ):
-            raise RecordError(
-                f"correctness field 'worst_index' must be a list of integers or null, got {json.dumps(index)[:60]}"
-            )
         return cls(
             passed=passed,
-            seeds=list(seeds),
+            seeds=_optional_integers(obj, "seeds", what) or [],
             dtype=_optional_string(obj, "dtype", what) or "",
             max_abs=_optional_number(obj, "max_abs", what),
             rel_fro=_optional_number(obj, "rel_fro", what),
-            worst_index=list(index) if index is not None else None,
+            worst_index=_optional_integers(obj, "worst_index", what),
             native_max_abs=_optional_number(obj, "native_max_abs", what),
             message=_optional_string(obj, "message", what) or "",
         )
@@ -343,16 +343,11 @@ class AbComparison:
         ratios = _list(obj, "group_ratios", what)
         if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in ratios):
             raise RecordError(f"ab field 'group_ratios' must be a list of numbers, got {json.dumps(ratios)[:60]}")
-        groups = obj.get("groups")
-        if groups is not None and (
-            not isinstance(groups, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in groups)
-        ):
-            raise RecordError(f"ab field 'groups' must be a list of integers or null, got {json.dumps(groups)[:60]}")
         return cls(
             against=_optional_string(obj, "against", what),
             sha=_optional_string(obj, "sha", what),
             group_ratios=[float(x) for x in ratios],
-            groups=list(groups) if groups is not None else None,
+            groups=_optional_integers(obj, "groups", what),
         )
 
 
