@@ -280,6 +280,8 @@ def decide(
             gate_r = _ratio_gate(ratio, stored, stored.ratio, policy)
             if moved and against_blocks is not None:
                 _reference_far(gate_r, against_blocks, stored, conf)
+            elif against_blocks is not None:
+                _reference_alone(gate_r, gate, against_blocks, stored, conf)
             verdict.gates.append(gate_r)
     if max_ratio is not None and ratio is not None:
         verdict.gates.append(_max_ratio_gate(*ratio, max_ratio))
@@ -406,7 +408,7 @@ def _reference_far(gate: Gate, against_blocks: Sequence[float], stored: Baseline
     and reference alike) and the reference ran further from its stored centre than
     policy.MACHINE_MOVED_RATIO_LIMIT: the machine was in a state the baseline never saw, where variant and
     reference need not slow alike, so the ratio does not decide either: inconclusive. A reference that moved
-    alone (SDPA faster after an upgrade, the variant as stored) is not this: the ratio gate decides that."""
+    alone is _reference_alone's."""
     move = _reference_move(against_blocks, stored, conf) if gate.status in (REGRESSED, FASTER) else None
     limit = math.log1p(MACHINE_MOVED_RATIO_LIMIT)
     if move is not None and (move.lo > limit or move.hi < -limit):
@@ -417,6 +419,35 @@ def _reference_far(gate: Gate, against_blocks: Sequence[float], stored: Baseline
             f"({move.confidence:.0%} CI {lo:+.1f}% .. {hi:+.1f}%, beyond {MACHINE_MOVED_RATIO_LIMIT:.0%}): this "
             "GPU was in another state, where a ratio is not judged; run again"
         )
+
+
+def _reference_alone(
+    gate: Gate, time_gate: Gate, against_blocks: Sequence[float], stored: BaselineEntry, conf: float
+) -> None:
+    """A ratio gate that failed while the variant's own time passed its gate (or read faster) and the
+    reference ran faster than its stored centre at the decision level: the ratio moved because the
+    reference did. It cannot be an upgrade of the reference: a changed torch, Triton, CUDA or SDPA backend
+    makes the entry not comparable before any gate runs (device.COMPARED_KEYS), so the reference's code is
+    the stored one and its move is the machine's state beside this variant. Measured: on a freshly started
+    H100 (2026-11-26) SDPA timed beside cuda_scalar B8 H8 S256 read 13.9-14.1 us in the update's three
+    processes and 13.3 us in both later guards and in the fresh confirmation, while the variant read +1.5%:
+    the ratio gate failed the unchanged case. Such a reading decides nothing: inconclusive, never a failure.
+    A uniform speed-up of the machine hiding an equal slowdown of the variant reads the same way, which is
+    why it is not a pass."""
+    if gate.status is not REGRESSED or time_gate.status not in (PASS, FASTER):
+        return
+    move = _reference_move(against_blocks, stored, conf)
+    if move is None or move.hi >= 0:
+        return
+    moved, lo, hi = (math.expm1(x) * 100 for x in (move.estimate, move.lo, move.hi))
+    own = (time_gate.estimate - 1.0) * 100 if time_gate.estimate is not None else math.nan
+    gate.status = INCONCLUSIVE
+    gate.reason = (
+        f"inconclusive: {gate.reason}, but the variant's own time passed ({own:+.1f}%) and the reference ran "
+        f"{moved:+.1f}% from its stored time beside it ({move.confidence:.0%} CI {lo:+.1f}% .. {hi:+.1f}%), "
+        "with the same torch and SDPA backend: the reference moved, not the variant, and the ratio does "
+        "not decide"
+    )
 
 
 def _max_ratio_gate(log_r: Interval, log_r_dec: Interval, max_ratio: float) -> Gate:

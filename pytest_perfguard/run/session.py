@@ -27,7 +27,10 @@ from ..judge.policy import (
     WIDE_MARGIN,
     discord_limit,
     discordant,
+    log_spread,
+    medians_threshold,
     prior_spread,
+    too_wide,
 )
 from ..judge.policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
 from ..judge.policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
@@ -512,7 +515,8 @@ def _process_samples(
     reverse and forward order by turns, so that a slow first process or a drifting machine cannot bias one
     case. A case whose process medians disagree beyond its own spread (policy.discordant) is measured once
     more, all such cases together in one fresh process; the new median replaces the discordant ones when
-    it agrees with the rest, and otherwise the case is stored as unstable. Returns the samples per case
+    it agrees with the rest; otherwise the case keeps every median, and is stored as unstable only where
+    their spread makes its threshold too wide to judge by (policy.too_wide). Returns the samples per case
     and the unstable ids; None (with an error) when a process could not be run at all."""
     s = state.settings
     dev = device_id(state)
@@ -529,7 +533,8 @@ def _process_samples(
     odd = {
         case_id: bad for case_id in ids if (bad := discordant([x.median_ns for x in samples[case_id]], limits[case_id]))
     }
-    unstable = _remeasure_discordant(fresh, odd, samples, limits, dev) if odd else set()
+    prior = prior_spread([log_spread([x.median_ns for x in samples[c]]) for c in ids if c not in odd])
+    unstable = _remeasure_discordant(fresh, odd, samples, limits, dev, prior) if odd else set()
     if unstable is None:
         return None
     if missing:
@@ -605,14 +610,19 @@ def _remeasure_discordant(
     samples: dict[str, list[bl.ProcessSample]],
     limits: dict[str, float],
     dev: str,
+    prior: float,
 ) -> set[str] | None:
     """The cases whose process medians disagreed (``odd``: the discordant samples' indices), measured once
     more in one fresh process: a new median that agrees with the rest replaces the discordant ones, else the
-    case keeps them all and the new one, and is unstable. The unstable ids; None when the process failed."""
+    case keeps them all and the new one, which widen its threshold; it is unstable where that threshold is
+    too wide to judge by (``prior``: the typical spread of the cases that agreed). The unstable ids; None
+    when the process failed."""
     got = fresh.run(list(odd), "re-measurement of the cases whose processes disagreed")
     if got is None:
         return None
+    settings, floor = fresh.state.settings, fresh.state.noise_floor
     unstable: set[str] = set()
+    widened: list[float] = []
     for case_id, bad in odd.items():
         rec = got.get(case_id)
         kept = [x for i, x in enumerate(samples[case_id]) if i not in bad]
@@ -622,21 +632,32 @@ def _remeasure_discordant(
                 samples[case_id] = again
                 continue
             samples[case_id].append(sample_of(rec, dev))
-        unstable.add(case_id)
-    fresh.out.messages.append(_discord_line(len(odd), unstable))
+        medians = [x.median_ns for x in samples[case_id]]
+        threshold = medians_threshold(settings.margin, medians, floor, prior)
+        if too_wide(threshold, len(medians), settings.margin, floor, prior):
+            unstable.add(case_id)
+        else:
+            widened.append(threshold)
+    fresh.out.messages.append(_discord_line(len(odd), widened, unstable))
     return unstable
 
 
-def _discord_line(remeasured: int, unstable: set[str]) -> str:
+def _discord_line(remeasured: int, widened: list[float], unstable: set[str]) -> str:
     """What the re-measurement of the disagreeing cases came to."""
-    fixed = remeasured - len(unstable)
+    fixed = remeasured - len(widened) - len(unstable)
+    wide = (
+        f"{len(widened)} kept every process, their thresholds widened by the spread to "
+        f"{min(widened) * 100:.1f}..{max(widened) * 100:.1f}%"
+        if widened
+        else "0 kept every process"
+    )
     return (
         f"perfguard: {remeasured} case(s) had a process median apart from the others; measured once more, "
-        f"{fixed} agreed (the odd process was dropped) and {len(unstable)} stayed unstable"
+        f"{fixed} agreed (the odd process was dropped), {wide}, and {len(unstable)} stayed unstable"
         + (f": {', '.join(sorted(unstable)[:5])}{' ...' if len(unstable) > 5 else ''}" if unstable else "")
         + (
-            " (stored with unstable: true; the guard calls them inconclusive until they are re-recorded "
-            "on a quiet machine)"
+            " (too wide to judge by; stored with unstable: true, and the guard calls them inconclusive until "
+            "they are re-recorded on a quiet machine)"
             if unstable
             else ""
         )
