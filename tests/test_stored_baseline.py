@@ -129,6 +129,27 @@ def test_processes_that_disagree_within_what_a_threshold_can_carry_widen_it_and_
     result.assert_outcomes(failed=2, deselected=2)
 
 
+def test_processes_whose_reference_moved_alike_keep_a_ratio_that_judges(project: pytest.Pytester) -> None:
+    """A process state that slows variant and reference alike by 1.6x (cuda_wmma's S128 cases on a fresh
+    H100 read 4.7 or 5.3 us per process, SDPA beside them moving alike): the time's spread is too wide to
+    judge by, the ratio's is not, so the entry is kept and a slowdown of the variant alone still fails."""
+    code = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', UNSTABLE + "\nSLOW = FLIP")
+    code = code.replace('AGAINST = float(os.environ.get("PLANT_AGAINST", "1.0"))', "AGAINST = FLIP")
+    project.makepyfile(test_k=code)
+    env = {"PERFGUARD_UPDATE_PROCESSES": "3", "COUNTER_FILE": str(project.path / "counter"), "FLIP": "1.6"}
+    result = run(project, NO_XDIST, "--perfguard-update-baseline", "-k", "fast", env=env)
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*2 case(s) had a process median apart*2 kept every process*0 stayed unstable"])
+    assert all(e["unstable"] is False for e in baseline_json(project)["cases"].values())
+    project.makepyfile(test_k=code.replace("SLOW = FLIP", "SLOW = 1.3 * FLIP"))
+    result = run(project, NO_XDIST, "--perfguard", "-k", "fast", "--perfguard-json", "g.json", env=env)
+    result.assert_outcomes(failed=2, deselected=2)
+    doc = json.loads((project.path / "g.json").read_text())
+    for r in doc["results"]:
+        gates = {g["gate"]: g["status"] for g in r["gates"]}
+        assert gates["ratio"] == "regressed", r["reasons"]
+
+
 def test_an_old_one_number_file_is_read_migrated_and_its_cases_stay_judged(project: pytest.Pytester) -> None:
     """A schema 1 file (one number per case) keeps working: it migrates in memory, and `perfguard migrate`
     rewrites it as one-process samples."""

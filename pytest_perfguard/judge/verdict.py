@@ -38,7 +38,15 @@ from ..record import Gate as Gate  # the one gate type; judged here, kept in rec
 from ..record import Status
 from ..settings import DEFAULT_MARGIN
 from .baseline import BaselineEntry
-from .policy import MACHINE_MOVED_RATIO_LIMIT, MAX_SAMPLES, MDE_POWER, NOISE_K, case_threshold, sample_threshold
+from .policy import (
+    MACHINE_MOVED_RATIO_LIMIT,
+    MAX_SAMPLES,
+    MDE_POWER,
+    NOISE_K,
+    case_threshold,
+    medians_threshold,
+    sample_threshold,
+)
 from .stats import Interval, combine_difference, log_interval, normal_quantile
 
 PASS = Status.PASS
@@ -281,7 +289,7 @@ def decide(
             if moved and against_blocks is not None:
                 _reference_far(gate_r, against_blocks, stored, conf)
             elif against_blocks is not None:
-                _reference_alone(gate_r, gate, against_blocks, stored, conf)
+                _reference_alone(gate_r, gate, against_blocks, stored, policy)
             verdict.gates.append(gate_r)
     if max_ratio is not None and ratio is not None:
         verdict.gates.append(_max_ratio_gate(*ratio, max_ratio))
@@ -422,7 +430,7 @@ def _reference_far(gate: Gate, against_blocks: Sequence[float], stored: Baseline
 
 
 def _reference_alone(
-    gate: Gate, time_gate: Gate, against_blocks: Sequence[float], stored: BaselineEntry, conf: float
+    gate: Gate, time_gate: Gate, against_blocks: Sequence[float], stored: BaselineEntry, policy: Policy
 ) -> None:
     """A ratio gate that failed while the variant's own time passed its gate (or read faster) and the
     reference ran faster than its stored centre at the decision level: the ratio moved because the
@@ -433,11 +441,19 @@ def _reference_alone(
     processes and 13.3 us in both later guards and in the fresh confirmation, while the variant read +1.5%:
     the ratio gate failed the unchanged case. Such a reading decides nothing: inconclusive, never a failure.
     A uniform speed-up of the machine hiding an equal slowdown of the variant reads the same way, which is
-    why it is not a pass."""
+    why it is not a pass. The move must pass the prediction bound of the reference's stored processes
+    (with the file's typical spread and the floor), else the ratio decides."""
+    conf, noise_floor, prior = policy.decision_confidence, policy.noise_floor, policy.prior_spread
     if gate.status is not REGRESSED or time_gate.status not in (PASS, FASTER):
         return
     move = _reference_move(against_blocks, stored, conf)
-    if move is None or move.hi >= 0:
+    stored_against = [x.against_ns for x in stored.samples if x.against_ns]
+    if move is None or len(stored_against) < 2:
+        return
+    # beyond what the reference's own processes spread (their prediction bound): a reference stored from
+    # processes in different states (4.7 or 5.3 us) says nothing about this one's by being far from their mean
+    spread = medians_threshold(0.0, stored_against, noise_floor, prior)
+    if move.hi >= -math.log1p(spread):
         return
     moved, lo, hi = (math.expm1(x) * 100 for x in (move.estimate, move.lo, move.hi))
     own = (time_gate.estimate - 1.0) * 100 if time_gate.estimate is not None else math.nan

@@ -533,7 +533,11 @@ def _process_samples(
     odd = {
         case_id: bad for case_id in ids if (bad := discordant([x.median_ns for x in samples[case_id]], limits[case_id]))
     }
-    prior = prior_spread([log_spread([x.median_ns for x in samples[c]]) for c in ids if c not in odd])
+    agreed = [samples[c] for c in ids if c not in odd]
+    prior = (
+        prior_spread([log_spread([x.median_ns for x in got]) for got in agreed]),
+        prior_spread([log_spread(ratios) for got in agreed if (ratios := _ratios(got))]),
+    )
     unstable = _remeasure_discordant(fresh, odd, samples, limits, dev, prior) if odd else set()
     if unstable is None:
         return None
@@ -610,13 +614,13 @@ def _remeasure_discordant(
     samples: dict[str, list[bl.ProcessSample]],
     limits: dict[str, float],
     dev: str,
-    prior: float,
+    prior: tuple[float, float],
 ) -> set[str] | None:
     """The cases whose process medians disagreed (``odd``: the discordant samples' indices), measured once
     more in one fresh process: a new median that agrees with the rest replaces the discordant ones, else the
-    case keeps them all and the new one, which widen its threshold; it is unstable where that threshold is
-    too wide to judge by (``prior``: the typical spread of the cases that agreed). The unstable ids; None
-    when the process failed."""
+    case keeps them all and the new one, which widen its thresholds; it is unstable where both its time and
+    its ratio threshold are too wide to judge by (_too_wide). The unstable ids; None when the process
+    failed."""
     got = fresh.run(list(odd), "re-measurement of the cases whose processes disagreed")
     if got is None:
         return None
@@ -632,14 +636,36 @@ def _remeasure_discordant(
                 samples[case_id] = again
                 continue
             samples[case_id].append(sample_of(rec, dev))
-        medians = [x.median_ns for x in samples[case_id]]
-        threshold = medians_threshold(settings.margin, medians, floor, prior)
-        if too_wide(threshold, len(medians), settings.margin, floor, prior):
+        threshold = _too_wide(samples[case_id], settings.margin, (floor, RATIO_NOISE_FLOOR[fresh.state.kind]), prior)
+        if threshold is None:
             unstable.add(case_id)
         else:
             widened.append(threshold)
     fresh.out.messages.append(_discord_line(len(odd), widened, unstable))
     return unstable
+
+
+def _ratios(got: list[bl.ProcessSample]) -> list[float]:
+    """The processes' ratios to the reference; [] unless every process has one."""
+    ratios = [x.ratio for x in got if x.ratio is not None]
+    return ratios if len(ratios) == len(got) else []
+
+
+def _too_wide(
+    got: list[bl.ProcessSample], margin: float, floors: tuple[float, float], prior: tuple[float, float]
+) -> float | None:
+    """None when neither gate could judge an entry of these processes (policy.too_wide: the time's spread,
+    and the ratio's where there is a reference); else the narrower of the thresholds it will be judged at.
+    The ratio counts apart: on a freshly started H100 (2026-11-26) cuda_wmma's S128 cases read 4.7, 4.7,
+    5.3 and 5.3 us in four processes, SDPA beside them moving alike, and their ratios within 1%."""
+    widths = []
+    times = [x.median_ns for x in got]
+    for values, floor, typical in ((times, floors[0], prior[0]), (_ratios(got), floors[1], prior[1])):
+        if values:
+            threshold = medians_threshold(margin, values, floor, typical)
+            if not too_wide(threshold, len(values), margin, floor, typical):
+                widths.append(threshold)
+    return min(widths) if widths else None
 
 
 def _discord_line(remeasured: int, widened: list[float], unstable: set[str]) -> str:
