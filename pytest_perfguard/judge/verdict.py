@@ -267,10 +267,12 @@ def decide(
     max_ratio: float | None,
     incomparable: list[str],
     disturbances: Sequence[str] = (),
+    device: str = "",
 ) -> Verdict:
     """All gates for one case from its block medians and its stored baseline (if any). The rules run in this
     order: an entry that cannot judge the case says why; otherwise the time gate, then the machine-moved
-    check on it, then the ratio gate with its own check; max_ratio last, with or without an entry."""
+    check on it, then the ratio gate with its own check, then the unseen-GPU check of the time gate (``device``:
+    this GPU's id as samples name it); max_ratio last, with or without an entry."""
     verdict = Verdict(disturbances=list(disturbances))
     conf = policy.decision_confidence
     now = (log_interval(variant_blocks), log_interval(variant_blocks, conf))
@@ -291,6 +293,7 @@ def decide(
             elif against_blocks is not None:
                 _reference_alone(gate_r, gate, against_blocks, stored, policy)
             verdict.gates.append(gate_r)
+        _unseen_device(gate, verdict.gates[-1], stored, device)
     if max_ratio is not None and ratio is not None:
         verdict.gates.append(_max_ratio_gate(*ratio, max_ratio))
     return verdict
@@ -463,6 +466,30 @@ def _reference_alone(
         f"{moved:+.1f}% from its stored time beside it ({move.confidence:.0%} CI {lo:+.1f}% .. {hi:+.1f}%), "
         "with the same torch and SDPA backend: the reference moved, not the variant, and the ratio does "
         "not decide"
+    )
+
+
+UNSEEN_DEVICE = "not one the baseline's processes ran on"  # in the reason of a time gate _unseen_device judged
+
+
+def _unseen_device(gate: Gate, other: Gate, stored: BaselineEntry, device: str) -> None:
+    """A time gate that failed on a GPU none of the entry's processes ran on, while the ratio gate (``other``)
+    did not fail too: the stored spread holds no host-to-host part, so the time alone cannot tell this GPU
+    from the code. Measured on three freshly started H100s (2026-11-26): the stable cases' times differed
+    between hosts by 0.9-1.0% at the median and by more than 5% in 3-5 of 79-85 cases a pair (at most 8.6%,
+    and 32-34% for one case); cuda_scalar S2048 causal read 1.104 ms on one and 1.201 ms on two others, and
+    failed a guard against the first one's baseline. Such a gate is inconclusive, saying how to fix it:
+    record the baseline on the host that guards it. A ratio gate that fails as well fails the case."""
+    devices = {x.device for x in stored.samples}
+    if gate.status is not REGRESSED or not device or "" in devices or device in devices:
+        return
+    if other is not gate and other.name == "ratio" and other.status is REGRESSED:
+        return
+    gate.status = INCONCLUSIVE
+    gate.reason = (
+        f"inconclusive: {gate.reason}, but this GPU ({device[:8]}) is {UNSEEN_DEVICE} ({len(devices)} other), "
+        "and hosts of one model differ in time by more than the stored spread; the ratio gate does not fail "
+        "it. A baseline recorded on this host judges it: pytest --perfguard-update-baseline here"
     )
 
 

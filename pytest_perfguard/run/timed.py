@@ -23,7 +23,7 @@ from ..measure.timing import Clock, MeasureConfig, Measurement, Progress, Timer,
 from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
 from .checks import DeviceLock
-from .session import SessionState
+from .session import SessionState, device_id
 from .workload import Trial, count, describe_workload, finite, input_bytes, normalize_inputs, tensor_bytes
 
 
@@ -188,6 +188,7 @@ class TimedStep:
             max_ratio=trial.max_ratio,
             incomparable=incomparable(stored.env, env) if stored is not None else [],
             disturbances=m.notes,
+            device=device_id(self.state),
         )
         if twin is not None:
             policy = self.state.policy()

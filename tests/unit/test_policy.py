@@ -217,3 +217,34 @@ def test_a_ratio_that_moved_because_the_reference_alone_ran_faster_decides_nothi
     # the reference alone 40% faster, the variant as stored: still not the variant's regression
     alone = vd.decide(_blocks(232.3), _blocks(8.4, seed=2), stored, **kw)
     assert [g.status for g in alone.gates] == [vd.PASS, vd.INCONCLUSIVE]
+
+
+def test_a_time_gate_failing_alone_on_a_gpu_the_baseline_never_saw_is_inconclusive() -> None:
+    """Three fresh H100s (2026-11-26): cuda_scalar S2048 causal read 1.104 ms in one host's update and
+    1.201 ms on another, a confirmed +8.8% against the first host's baseline with the code unchanged. On a
+    GPU none of the entry's processes ran on, a time gate failing alone decides nothing; on a GPU they ran
+    on, or with the ratio gate failing too, the case fails."""
+
+    def on(device: str) -> BaselineEntry:
+        return BaselineEntry.from_samples(
+            "t::c",
+            [ProcessSample(t, (t, t), t / 40.0, 40.0, device=device) for t in (1104.0, 1106.9, 1098.1)],
+            workload="w",
+            workload_desc="",
+            env={},
+            updated="",
+        )
+
+    policy_ = vd.Policy(margin=0.05, noise_floor=0.005, ratio_noise_floor=0.005, prior_spread=0.008)
+    kw = {"workload": "w", "env": {}, "policy": policy_, "max_ratio": None, "incomparable": []}
+    slower, reference = _blocks(1201.0), _blocks(40.0 * 1201.0 / 1104.0 * 0.96, seed=2)
+    other = vd.decide(slower, reference, on("gpu-b"), device="gpu-c", **kw)
+    assert [g.status for g in other.gates] == [vd.INCONCLUSIVE, vd.PASS], [g.reason for g in other.gates]
+    assert vd.UNSEEN_DEVICE in other.gates[0].reason and "--perfguard-update-baseline here" in other.gates[0].reason
+    assert other.status is vd.INCONCLUSIVE
+    same = vd.decide(slower, reference, on("gpu-c"), device="gpu-c", **kw)
+    assert [g.status for g in same.gates] == [vd.REGRESSED, vd.PASS] and same.status is vd.REGRESSED
+    unknown = vd.decide(slower, reference, on(""), device="gpu-c", **kw)  # samples that name no device
+    assert unknown.status is vd.REGRESSED
+    both = vd.decide(slower, _blocks(40.0, seed=2), on("gpu-b"), device="gpu-c", **kw)
+    assert [g.status for g in both.gates] == [vd.REGRESSED, vd.REGRESSED] and both.status is vd.REGRESSED
