@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The stored baseline across freshly started GPU hosts of one model (results:
+# benchmarks/results/stored_baseline_h100_2026-11-26/README.md). Run from the repository root, steps in order:
+#   cross<N>              guard against another host's baseline, copied beforehand into benchmarks/out/other
+#   update                --perfguard-update-baseline (3 processes by default), NVML traced at 0.2 s
+#   guard<N>              guard against this host's baseline
+#   plant10 plant05       a real +10% / +5% in triton_flash and cuda_wmma (benchmarks/_plant_kernel.py:
+#                         the variant, then a calibrated GPU spin), judged without confirmation
+# The baseline lives in benchmarks/out/bl (ignored), so later calls on the same machine find it. Every run's
+# results, log and junit XML go to OUT (default benchmarks/out/hosts), one line each in OUT/runs.txt
+# (benchmarks/_suite.sh).
+set -uo pipefail
+. "$(dirname "$0")/_suite.sh"
+out=${OUT:-benchmarks/out/hosts}; bl=benchmarks/out/bl; other=benchmarks/out/other
+mkdir -p "$out" "$bl"
+export PYTHONUNBUFFERED=1
+suite_device "$out"
+uptime > "$out/uptime.txt"
+run() {  # name, pytest arguments...
+  suite_run "$out" "$1" --perfguard-json="$out/$1.json" --junitxml="$out/$1.xml" "${@:2}"
+}
+plant() {  # name x
+  cp kernels/__init__.py "$out/.kernels_init.py"
+  printf '\nimport os as _os\nif _os.environ.get("PLANT_VARIANTS"):\n    import sys as _sys\n    _sys.path.insert(0, "benchmarks")\n    from _plant_kernel import plant as _plant\n\n    _plant(KERNELS)\n' >> kernels/__init__.py
+  PLANT_VARIANTS=triton_flash,cuda_wmma PLANT_X=$2 run "$1" --perfguard --perfguard-baseline-dir="$bl" \
+    -k "triton_flash or cuda_wmma" --perfguard-no-confirm
+  mv "$out/.kernels_init.py" kernels/__init__.py
+}
+for step in "$@"; do
+  case $step in
+    update) python benchmarks/nvml_trace.py --out "$out/nvml_update.csv" --interval 0.2 --t0 "$SUITE_T0" & trace=$!
+            run update --perfguard-update-baseline --perfguard-baseline-dir="$bl"; kill "$trace"
+            cp "$bl"/*.json "$out/baseline.json" ;;
+    guard*) run "$step" --perfguard --perfguard-baseline-dir="$bl" ;;
+    cross*) run "$step" --perfguard --perfguard-baseline-dir="$other" ;;
+    plant10) plant plant10 0.10 ;;
+    plant05) plant plant05 0.05 ;;
+    *) echo "unknown step: $step" >&2; exit 2 ;;
+  esac
+done
