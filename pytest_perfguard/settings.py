@@ -151,6 +151,16 @@ SPECS: tuple[Spec, ...] = (
         cli_only=True,
     ),
     Spec(
+        "join",
+        "bool",
+        False,
+        "with --perfguard-update-baseline: add this update's processes to each stored entry of the same "
+        "workload and environment even where its time moved past the case's threshold (a scheduled update of "
+        "unchanged code, so a kernel with several speeds gets them all into its sample); without it such an "
+        "entry restarts from this update",
+        cli_only=True,
+    ),
+    Spec(
         "seed",
         "int",
         None,
@@ -296,6 +306,7 @@ class Settings:
     update: bool = _default("update")
     update_processes: int = _default("update_processes")
     prune: bool = _default("prune")
+    join: bool = _default("join")
     seed: int | None = _default("seed")
     against: str | None = _default("against")
     ab_margin: float = _default("ab_margin")
@@ -485,6 +496,10 @@ def from_config(config: pytest.Config) -> Settings:
     if values["prune"] and not values["update"]:
         raise pytest.UsageError(
             "--perfguard-prune only works with --perfguard-update-baseline; add it or drop --perfguard-prune."
+        )
+    if values["join"] and not values["update"]:
+        raise pytest.UsageError(
+            "--perfguard-join only works with --perfguard-update-baseline; add it or drop --perfguard-join."
         )
     if values["update"] and values["against"]:
         raise pytest.UsageError(

@@ -150,6 +150,33 @@ def test_processes_whose_reference_moved_alike_keep_a_ratio_that_judges(project:
         assert gates["ratio"] == "regressed", r["reasons"]
 
 
+def test_a_later_update_with_join_adds_a_second_speed_instead_of_restarting(project: pytest.Pytester) -> None:
+    """A kernel that the first update saw at one speed and a later update of the same code at another, 1.3x
+    slower (cuda_scalar on a fresh H100, 2026-11-26: 1221 us in the update, 1330 us in every guard after it).
+    A plain update restarts the entry from the slow speed alone; with --perfguard-join it keeps both speeds,
+    and a guard at either passes."""
+    project.makepyfile(test_k=_case())
+    env = {"PERFGUARD_UPDATE_PROCESSES": "2"}
+    run(project, NO_XDIST, "--perfguard-update-baseline", "-k", "fast", env=env).assert_outcomes(passed=2, deselected=2)
+    slow = {**env, "PLANT_SLOWDOWN": "1.3"}
+    result = run(project, NO_XDIST, "--perfguard-update-baseline", "--perfguard-join", "-k", "fast", env=slow)
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*0 added, 2 updated*0 reset*"])
+    cases = baseline_json(project)["cases"]
+    assert all(e["runs"] == 4 for e in cases.values()), cases
+    for speed in ("1.0", "1.3"):
+        result = run(project, NO_XDIST, "--perfguard", "-k", "fast", env={"PLANT_SLOWDOWN": speed})
+        result.assert_outcomes(passed=2, deselected=2)
+    # without --perfguard-join the same update restarts each entry from its own processes, all of them: the
+    # further processes run as guards and fail against the stored entry, which does not cost their samples
+    result = run(project, NO_XDIST, "--perfguard-update-baseline", "-k", "fast", env={**env, "PLANT_SLOWDOWN": "3.0"})
+    result.stdout.fnmatch_lines(["*0 added, 0 updated*2 reset*"])
+    assert all(e["runs"] == 2 for e in baseline_json(project)["cases"].values())
+    result = project.runpytest("-p", "no:cacheprovider", "--perfguard-join")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--perfguard-join only works with --perfguard-update-baseline*"])
+
+
 def test_an_old_one_number_file_is_read_migrated_and_its_cases_stay_judged(project: pytest.Pytester) -> None:
     """A schema 1 file (one number per case) keeps working: it migrates in memory, and `perfguard migrate`
     rewrites it as one-process samples."""

@@ -454,7 +454,7 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
             state.device_info,
             entries,
             noise_floor=state.noise_floor,
-            change_threshold=s.margin,
+            change_threshold=None if s.join else s.margin,
             noise_k=bl.NOISE_K,
         )
     except (bl.BaselineError, OSError, ValueError) as exc:
@@ -484,16 +484,26 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
 
 
 def _usable(r: CaseRecord | None) -> bool:
-    return r is not None and r.median_ns is not None and r.ci_ns is not None and (_recordable(r) or _aa_failed(r))
+    """A record an update's further process made that gives the case a sample: timed, undisturbed, and
+    passed, or failed only on a comparison (_compared_only)."""
+    return r is not None and r.median_ns is not None and r.ci_ns is not None and (_recordable(r) or _compared_only(r))
 
 
-def _aa_failed(r: CaseRecord) -> bool:
-    """A record of an update's A/A process that failed on its A/B gate alone: the two loaded copies of one code
-    read apart in that process, which is what the offset fit is to learn; its time is as good as any other."""
+# The gates that compare a measurement with other figures (the stored baseline, its ratio, the twin at a base
+# revision), not the case with its own limit (max_ratio).
+_COMPARISONS = frozenset({"baseline", "ratio", "ab"})
+
+
+def _compared_only(r: CaseRecord) -> bool:
+    """A record of an update's further process that failed on comparisons alone. Those processes run as
+    guards: against the stored baseline, which a kernel the update is recording anew has left (a slowdown
+    that is being accepted, or a second speed with --perfguard-join), and in A/A processes against its twin
+    at HEAD, where two loaded copies of one code read apart (what the offset fit is to learn). Its time is as
+    good as any other process's; dropping it would leave the update with the first process alone."""
     if not (r.timed and r.outcome is Outcome.FAILED and r.verdict is Status.REGRESSED and not r.disturbances):
         return False
     regressed = {g.name for g in r.gates if g.status is Status.REGRESSED}
-    return "ab" in regressed and "max_ratio" not in regressed
+    return bool(regressed) and regressed <= _COMPARISONS
 
 
 def _aa_settings(state: SessionState) -> tuple[Settings | None, str]:
