@@ -3,12 +3,13 @@
 # benchmarks/results/stored_baseline_h100_2026-11-26/README.md). Run from the repository root, steps in order:
 #   cross<N>              guard against another host's baseline, copied beforehand into benchmarks/out/other
 #   update                --perfguard-update-baseline (3 processes by default), NVML traced at 0.2 s
+#   join                  a later update that adds its processes to the stored ones (--perfguard-join)
 #   guard<N>              guard against this host's baseline
 #   plant10 plant05       a real +10% / +5% in triton_flash and cuda_wmma (benchmarks/_plant_kernel.py:
 #                         the variant, then a calibrated GPU spin), judged without confirmation
 # The baseline lives in benchmarks/out/bl (ignored), so later calls on the same machine find it. Every run's
 # results, log and junit XML go to OUT (default benchmarks/out/hosts), one line each in OUT/runs.txt
-# (benchmarks/_suite.sh).
+# (benchmarks/_suite.sh). CASES="-k EXPR" (EXPR without spaces) selects cases for every step.
 set -uo pipefail
 . "$(dirname "$0")/_suite.sh"
 out=${OUT:-benchmarks/out/hosts}; bl=benchmarks/out/bl; other=benchmarks/out/other
@@ -17,7 +18,8 @@ export PYTHONUNBUFFERED=1
 suite_device "$out"
 uptime > "$out/uptime.txt"
 run() {  # name, pytest arguments...
-  suite_run "$out" "$1" --perfguard-json="$out/$1.json" --junitxml="$out/$1.xml" "${@:2}"
+  # shellcheck disable=SC2086  # CASES is "-k EXPR" or empty: split on purpose
+  suite_run "$out" "$1" --perfguard-json="$out/$1.json" --junitxml="$out/$1.xml" ${CASES:-} "${@:2}"
 }
 plant() {  # name x
   cp kernels/__init__.py "$out/.kernels_init.py"
@@ -31,6 +33,8 @@ for step in "$@"; do
     update) python benchmarks/nvml_trace.py --out "$out/nvml_update.csv" --interval 0.2 --t0 "$SUITE_T0" & trace=$!
             run update --perfguard-update-baseline --perfguard-baseline-dir="$bl"; kill "$trace"
             cp "$bl"/*.json "$out/baseline.json" ;;
+    join)   run join --perfguard-update-baseline --perfguard-join --perfguard-baseline-dir="$bl"
+            cp "$bl"/*.json "$out/baseline_joined.json" ;;
     guard*) run "$step" --perfguard --perfguard-baseline-dir="$bl" ;;
     cross*) run "$step" --perfguard --perfguard-baseline-dir="$other" ;;
     plant10) plant plant10 0.10 ;;
