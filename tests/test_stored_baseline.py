@@ -81,12 +81,20 @@ FLIP = float(os.environ["FLIP"]) if _N % 2 else 1.0
 """
 
 
+def _flipping(project: pytest.Pytester, flip: str, *, against_too: bool = False) -> dict[str, str]:
+    """The fast variant's odd processes run FLIP times slower (the reference too with ``against_too``); the
+    environment an update of 3 processes needs for it."""
+    code = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', UNSTABLE + "\nSLOW = FLIP")
+    if against_too:
+        code = code.replace('AGAINST = float(os.environ.get("PLANT_AGAINST", "1.0"))', "AGAINST = FLIP")
+    project.makepyfile(test_k=code)
+    return {"PERFGUARD_UPDATE_PROCESSES": "3", "COUNTER_FILE": str(project.path / "counter"), "FLIP": flip}
+
+
 def test_a_case_whose_processes_keep_disagreeing_is_stored_unstable_and_judged_inconclusive(
     project: pytest.Pytester,
 ) -> None:
-    code = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', UNSTABLE + "\nSLOW = FLIP")
-    project.makepyfile(test_k=code)
-    env = {"PERFGUARD_UPDATE_PROCESSES": "3", "COUNTER_FILE": str(project.path / "counter"), "FLIP": "1.6"}
+    env = _flipping(project, "1.6")
     result = run(project, NO_XDIST, "--perfguard-update-baseline", "-k", "fast", env=env)
     result.assert_outcomes(passed=2, deselected=2)
     result.stdout.fnmatch_lines(
@@ -107,9 +115,7 @@ def test_processes_that_disagree_within_what_a_threshold_can_carry_widen_it_and_
     """Processes that read 1.0, 1.12, 1.0 and 1.12 on re-measurement disagree (CPU: beyond twice its 5%
     floor), but a threshold from their spread still judges the case: they are all kept, the entry is
     stable and its threshold wider, and the next run is judged, not called inconclusive."""
-    code = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', UNSTABLE + "\nSLOW = FLIP")
-    project.makepyfile(test_k=code)
-    env = {"PERFGUARD_UPDATE_PROCESSES": "3", "COUNTER_FILE": str(project.path / "counter"), "FLIP": "1.12"}
+    env = _flipping(project, "1.12")
     result = run(project, NO_XDIST, "--perfguard-update-baseline", "-k", "fast", env=env)
     result.assert_outcomes(passed=2, deselected=2)
     result.stdout.fnmatch_lines(
@@ -123,8 +129,8 @@ def test_processes_that_disagree_within_what_a_threshold_can_carry_widen_it_and_
     assert [r["verdict"] for r in doc["results"]] == ["pass", "pass"], [r["reasons"] for r in doc["results"]]
     # a slowdown beyond the widened threshold still fails
     env_slow = {**env, "FLIP": "1.0", "PLANT_SLOWDOWN": "1.0"}
-    slowed = code.replace("SLOW = FLIP", "SLOW = 1.6")
-    project.makepyfile(test_k=slowed)
+    code = (project.path / "test_k.py").read_text()
+    project.makepyfile(test_k=code.replace("SLOW = FLIP", "SLOW = 1.6"))
     result = run(project, NO_XDIST, "--perfguard", "-k", "fast", "--perfguard-no-confirm", env=env_slow)
     result.assert_outcomes(failed=2, deselected=2)
 
@@ -133,14 +139,12 @@ def test_processes_whose_reference_moved_alike_keep_a_ratio_that_judges(project:
     """A process state that slows variant and reference alike by 1.6x (cuda_wmma's S128 cases on a fresh
     H100 read 4.7 or 5.3 us per process, SDPA beside them moving alike): the time's spread is too wide to
     judge by, the ratio's is not, so the entry is kept and a slowdown of the variant alone still fails."""
-    code = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', UNSTABLE + "\nSLOW = FLIP")
-    code = code.replace('AGAINST = float(os.environ.get("PLANT_AGAINST", "1.0"))', "AGAINST = FLIP")
-    project.makepyfile(test_k=code)
-    env = {"PERFGUARD_UPDATE_PROCESSES": "3", "COUNTER_FILE": str(project.path / "counter"), "FLIP": "1.6"}
+    env = _flipping(project, "1.6", against_too=True)
     result = run(project, NO_XDIST, "--perfguard-update-baseline", "-k", "fast", env=env)
     result.assert_outcomes(passed=2, deselected=2)
     result.stdout.fnmatch_lines(["*2 case(s) had a process median apart*2 kept every process*0 stayed unstable"])
     assert all(e["unstable"] is False for e in baseline_json(project)["cases"].values())
+    code = (project.path / "test_k.py").read_text()
     project.makepyfile(test_k=code.replace("SLOW = FLIP", "SLOW = 1.3 * FLIP"))
     result = run(project, NO_XDIST, "--perfguard", "-k", "fast", "--perfguard-json", "g.json", env=env)
     result.assert_outcomes(failed=2, deselected=2)

@@ -43,7 +43,7 @@ DISCORD_CI_K = 4.0
 # prediction bound of their spread) widens; it is stored unstable, judged by no gate, only where that threshold
 # exceeds this many times the threshold of a case with the file's typical spread: a baseline that would let
 # pass a slowdown twice what the other cases catch. On a freshly started H100 (2026-11-26) the rule "any
-# disagreement is unstable" stored 9 of 98 cases so, each judged inconclusive in every guard; 3 of them read
+# disagreement is unstable" stored 11 of 98 cases so, each judged inconclusive in every guard; 3 of them read
 # 21.9-22.9 us across four processes (thresholds 5.1-5.5% against a typical 5%), while the cases this limit
 # keeps unstable flip between per-process modes (6.6 or 17.3 us; 7.9 or 19.2 us).
 UNSTABLE_FACTOR = 2.0

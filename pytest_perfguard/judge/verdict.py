@@ -441,8 +441,9 @@ def _reference_alone(
     makes the entry not comparable before any gate runs (device.COMPARED_KEYS), so the reference's code is
     the stored one and its move is the machine's state beside this variant. Measured: on a freshly started
     H100 (2026-11-26) SDPA timed beside cuda_scalar B8 H8 S256 read 13.9-14.1 us in the update's three
-    processes and 13.3 us in both later guards and in the fresh confirmation, while the variant read +1.5%:
-    the ratio gate failed the unchanged case. Such a reading decides nothing: inconclusive, never a failure.
+    processes and 13.2-13.3 us in both later guards, while the variant read +1.5%; in the second guard the
+    fresh process repeated the ratio's +6%, and the ratio gate failed the unchanged case. Such a reading
+    decides nothing: inconclusive, never a failure.
     A uniform speed-up of the machine hiding an equal slowdown of the variant reads the same way, which is
     why it is not a pass. The move must pass the prediction bound of the reference's stored processes
     (with the file's typical spread and the floor), else the ratio decides."""
