@@ -7,6 +7,7 @@
 #   guard<N>              guard against this host's baseline
 #   plant10 plant05       a real +10% / +5% in triton_flash and cuda_wmma (benchmarks/_plant_kernel.py:
 #                         the variant, then a calibrated GPU spin), judged without confirmation
+#   probe                 what graph replays read with and without the stream held (benchmarks/launch_hold.py)
 # The baseline lives in benchmarks/out/bl (ignored), so later calls on the same machine find it. Every run's
 # results, log and junit XML go to OUT (default benchmarks/out/hosts), one line each in OUT/runs.txt
 # (benchmarks/_suite.sh). CASES="-k EXPR" (EXPR without spaces) selects cases for every step.
@@ -39,6 +40,8 @@ for step in "$@"; do
     cross*) run "$step" --perfguard --perfguard-baseline-dir="$other" ;;
     plant10) plant plant10 0.10 ;;
     plant05) plant plant05 0.05 ;;
+    probe)  python benchmarks/launch_hold.py --json "$out/launch_hold.json" > "$out/probe.log" 2>&1
+            echo "probe: rc=$?" | tee -a "$out/runs.txt" ;;
     *) echo "unknown step: $step" >&2; exit 2 ;;
   esac
 done

@@ -23,7 +23,12 @@ from ..judge.baseline import device_slug
 
 # Keys whose change makes stored timings incomparable. The driver is recorded but not compared: it
 # rarely moves kernel time, and machines of one model in a runner pool often differ in it.
-COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "against_backend")
+COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "against_backend", "timing")
+# How a CUDA case is timed (timing._CudaGraphSample), stored with every entry: figures taken another way are
+# not compared. Entries from before the key timed each replay from an idle stream, so their small cases carry
+# the host's launch latency divided by the calls per sample.
+CUDA_TIMING = "cuda graph, stream held"
+UNHELD_TIMING = "cuda graph, stream idle"
 
 
 def _cpu_model() -> str:
@@ -171,9 +176,15 @@ def incomparable(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Human-readable differences that make a stored figure incomparable with the current one."""
     out = []
     for key in COMPARED_KEYS:
-        if key in stored and stored.get(key) != current.get(key):
-            label = "SDPA backend" if key == "against_backend" else key
-            out.append(f"{label} {stored.get(key)} \u2192 {current.get(key)}")
+        if key == "timing" and key in current:
+            was = stored.get(key, UNHELD_TIMING)  # an entry older than the key
+        elif key in stored:
+            was = stored[key]
+        else:
+            continue
+        if was != current.get(key):
+            label = {"against_backend": "SDPA backend", "timing": "timing method"}.get(key, key)
+            out.append(f"{label} {was} \u2192 {current.get(key)}")
     return out
 
 

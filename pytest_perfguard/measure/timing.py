@@ -7,7 +7,8 @@ samples inside one block are correlated, blocks much less so.
 
 On CUDA a sample is one replay of a CUDA graph holding the `reps` calls, timed with events, after the L2
 cache was flushed outside the timed window: the queue stays full, so a 9 us kernel reads 9 us rather
-than the host's launch latency. A wall-clock reading of each replay, closed by a device-wide
+than the host's launch latency, and a short spin holds the stream while the replay is launched, so the
+events do not add that latency either. A wall-clock reading of each replay, closed by a device-wide
 synchronise, is a cross-check for work the events did not see (another stream, host work): its excess
 over the events' time is each sample's `gap_ns`, judged by integrity.unseen_work. On CPU the same engine uses an
 injectable clock,
@@ -153,26 +154,43 @@ class _CudaGraphSample:
                 for call in calls:
                     call()
             torch.cuda.synchronize(dev)
+        self._pre = torch.cuda.Event(enable_timing=True)
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
 
     def __call__(self) -> SampleTime:
+        """One replay between events, with the queue held so the events see the device's work alone.
+
+        On an idle device the start event fires as soon as it is recorded, and the graph's work starts only
+        when the host has launched the replay: the events would add that launch latency (several us, more
+        on a busy or just-started host, and different in every process) to the sample, i.e. latency / reps
+        to every call. A short spin kernel (nvbench's blocking kernel) holds the stream while the host
+        records the start event and launches the replay; the hold grows if a launch outlasts it.
+        """
         import torch
 
         dev = self._device
+        timer = self._timer
         if self._flush:
-            self._timer.flush_l2()
+            timer.flush_l2()
         torch.cuda.synchronize(dev)  # the flush stays out of the wall-clock reading
         # The replay launches on its capture device's current stream: the events are recorded there too.
         stream = torch.cuda.current_stream(dev)
-        t0 = time.perf_counter_ns()
-        self._start.record(stream)
-        self._graph.replay()
-        self._end.record(stream)
-        torch.cuda.synchronize(dev)  # device-wide: work on any stream ends before the wall clock stops
-        wall = float(time.perf_counter_ns() - t0)
+        with torch.cuda.device(dev):  # the spin launches on the current device's current stream
+            t0 = time.perf_counter_ns()
+            self._pre.record(stream)
+            torch.cuda._sleep(timer.hold_cycles)
+            self._start.record(stream)
+            t1 = time.perf_counter_ns()
+            self._graph.replay()
+            launch = float(time.perf_counter_ns() - t1)
+            self._end.record(stream)
+            torch.cuda.synchronize(dev)  # device-wide: work on any stream ends before the wall clock stops
+            wall = float(time.perf_counter_ns() - t0)
         device = self._start.elapsed_time(self._end) * 1e6
-        return SampleTime(device / self.reps, wall / self.reps, wall - device)
+        covered = self._pre.elapsed_time(self._end) * 1e6  # the hold is device time the wall clock sees
+        timer.held(covered - device, launch)
+        return SampleTime(device / self.reps, wall / self.reps, wall - covered)
 
 
 class _CudaStreamSample:
@@ -212,6 +230,11 @@ class _CudaStreamSample:
         return SampleTime(device / self.reps, wall / self.reps, wall - covered)
 
 
+# The spin that holds the stream while a graph replay is launched: 40k cycles, about 20 us at 2 GHz, covers
+# the launch of a 64-call graph with room to spare; a launch that outlasts HOLD_MARGIN times less doubles it.
+HOLD_CYCLES = 40_000
+HOLD_MARGIN = 1.5
+
 _OVERHEAD_NS: dict[str, float] = {}  # CudaTimer.overhead_ns, per device, for this process
 
 
@@ -233,7 +256,17 @@ class CudaTimer:
         flush_bytes = max(2 * l2, 32 << 20)
         self._flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=self.device) if cold_l2 else None
         self.spin_cycles = 2_000_000
+        self.hold_cycles = HOLD_CYCLES
+        self.short_holds = 0  # samples whose replay launch outlasted the hold (their events saw launch latency)
         self.capture_errors: list[str] = []
+
+    def held(self, hold_ns: float, launch_ns: float) -> None:
+        """A graph sample's hold took `hold_ns` on the device while the host spent `launch_ns` launching the
+        replay. A hold shorter than HOLD_MARGIN x the launch may have let the device wait for the graph: that
+        sample is counted and the hold doubles for the next ones (up to the fallback's spin)."""
+        if hold_ns < HOLD_MARGIN * launch_ns:
+            self.short_holds += 1
+            self.hold_cycles = min(2 * self.hold_cycles, self.spin_cycles)
 
     def flush_l2(self) -> None:
         if self._flush is not None:

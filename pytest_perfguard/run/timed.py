@@ -18,7 +18,7 @@ from ..judge.verdict import Verdict, ab_gate, ab_progress, decide, unpaired_gate
 from ..measure import integrity
 from ..measure.correctness import check
 from ..measure.cpuwatch import CpuWatch
-from ..measure.device import Disturbances, incomparable, manual_seed
+from ..measure.device import CUDA_TIMING, Disturbances, incomparable, manual_seed
 from ..measure.timing import Clock, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
 from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
@@ -205,6 +205,8 @@ class TimedStep:
     def _env(self, trial: Trial) -> dict[str, str]:
         info = self.state.device_info
         env = {k: str(info.get(k)) for k in ("name", "capability", "torch", "triton", "cuda")}
+        if info.get("kind") == "cuda":
+            env["timing"] = CUDA_TIMING
         case, (args, kwargs) = trial.case, trial.first
         if case.against_backend is not None:
             try:

@@ -11,7 +11,14 @@ import pytest
 from pytest_perfguard.judge import verdict as vd
 from pytest_perfguard.judge.baseline import BaselineEntry
 from pytest_perfguard.judge.stats import Interval
-from pytest_perfguard.measure.device import SESSION_PIDS_ENV, Disturbances, incomparable, manual_seed
+from pytest_perfguard.measure.device import (
+    CUDA_TIMING,
+    SESSION_PIDS_ENV,
+    UNHELD_TIMING,
+    Disturbances,
+    incomparable,
+    manual_seed,
+)
 
 
 @dataclass
@@ -292,3 +299,10 @@ def test_the_case_mde_is_its_best_gate_unless_the_variant_is_its_own_reference()
     assert vd.case_mde(gates(0.11, 0.068), variant_is_against=True) == 0.11
     assert vd.case_mde(gates(None, 0.068), variant_is_against=True) is None
     assert vd.case_mde(gates(None, None), variant_is_against=False) is None
+
+
+def test_a_cuda_entry_timed_before_the_held_stream_is_not_comparable() -> None:
+    current = {"name": "GPU", "timing": CUDA_TIMING}
+    assert incomparable({"name": "GPU"}, current) == [f"timing method {UNHELD_TIMING} \u2192 {CUDA_TIMING}"]
+    assert incomparable({"name": "GPU", "timing": CUDA_TIMING}, current) == []
+    assert incomparable({"name": "cpu"}, {"name": "cpu"}) == []  # a CPU entry has no timing key either way
