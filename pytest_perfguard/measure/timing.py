@@ -585,9 +585,11 @@ def _size(
             call()
     single = max(min(timer.single_call_ns(call) for _ in range(3)) for call in firsts.values())
     reps = copies if copies is not None else choose_reps(single, cfg, bytes_per_copy)
-    if copies is None and timer.kind == "cuda" and single < cfg.min_sample_ns:
-        # Only a call shorter than a sample can be misread by launch latency; a long one's graphs would
-        # only hold memory (a large case's A/B sides ran out of it on an H100).
+    if copies is None and timer.kind == "cuda":
+        # Always from replays: one launch on an idle queue can read 200 us or more for a 6-30 us kernel,
+        # and then chose one call per sample. On a fresh H100 a third of the small cases got one call in some
+        # processes and not in others, and read 2-4 us slower per call there (benchmarks/results/
+        # stored_baseline_h100_2026-11-26). A long kernel's refinement is one capture of its few calls.
         reps, single = refine_reps(makers, timer, cfg, reps, single, bytes_per_copy)
     every = cfg.recapture_every if recapture else 0
     min_blocks = max(cfg.min_blocks, cfg.min_groups * every) if every else cfg.min_blocks

@@ -342,6 +342,19 @@ def test_reps_come_from_replays_not_from_one_launch_on_an_idle_queue() -> None:
     assert cpu.reps == 25  # a host timer has no launch latency to refine away
 
 
+def test_a_launch_slower_than_a_whole_sample_does_not_choose_one_call() -> None:
+    """A 6 us kernel whose launch on an idle queue read 250 us (a whole sample's length): one launch alone
+    chose one call a sample, and that case read slower in some processes than in others. Replays still
+    choose enough calls to fill a sample."""
+    clock = FakeClock()
+    timer = LaunchBoundTimer(clock, launch_ns=250_000.0, replay_ns=2_000.0)
+    cfg = MeasureConfig(target=0.5, budget_s=1.0)
+    assert choose_reps(250_000.0, cfg, 0) == 1
+    m = measure(kernel(clock, lambda: 6_000.0), kernel(clock, lambda: 6_000.0), timer, cfg, rng=random.Random(4))
+    assert m.reps >= 30
+    assert m.time.estimate == pytest.approx(6_000.0, rel=0.02)
+
+
 def test_copies_override_reps_and_pooling_keeps_all_blocks() -> None:
     clock = FakeClock()
     cfg = MeasureConfig(target=0.01, budget_s=5.0)
