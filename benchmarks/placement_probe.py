@@ -2,8 +2,8 @@
 
 Times a variant (default `triton_flash` at B8 H8 S128 D64 fp16 causal, about 4-7 us on an H200) with CUDA-graph
 replay of `--reps` calls (default 20), the L2 flushed before each replay, median of 40 replays. In each fresh
-process, ten trials each allocate new inputs (after a pad of random size, keeping earlier ones alive, so every trial has its own
-placement) and capture a new graph. Prints one row per process: its trials in ns.
+process, ten trials each allocate new inputs (after a pad of random size, keeping earlier ones alive, so every
+trial has its own placement) and capture a new graph. Prints one row per process: its trials in ns.
 
 This is the measurement behind the guard's fresh-process confirmation (pytest_perfguard/run/confirm.py):
 if a process-bound state moves a kernel's time, only a new process can tell it from a code change.
