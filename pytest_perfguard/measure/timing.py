@@ -233,6 +233,8 @@ class _CudaStreamSample:
 # The spin that holds the stream while a graph replay is launched: 40k cycles, about 20 us at 2 GHz, covers
 # the launch of a 64-call graph with room to spare; a launch that outlasts HOLD_MARGIN times less doubles it.
 HOLD_CYCLES = 40_000
+# The fewest input copies a CUDA measurement spreads each side over (_Size.placements).
+MIN_COPIES = 8
 HOLD_MARGIN = 1.5
 
 _OVERHEAD_NS: dict[str, float] = {}  # CudaTimer.overhead_ns, per device, for this process
@@ -500,7 +502,7 @@ def measure(
     sides = {"v": variant, "a": against, "b": base}
     makers, kept = _keeping_outputs({side: make for side, make in sides.items() if make is not None})
     size = _size(makers, timer, cfg, copies, bytes_per_copy, recapture=base is not None)
-    samples = _prepared(makers, timer, rng, size.reps)
+    samples = _prepared(makers, timer, rng, size)
     tally = _Tally({side: [] for side in makers})
     stop_reason = "max_blocks"
     if watch is not None:
@@ -509,7 +511,7 @@ def measure(
         n = len(tally.blocks["v"])
         if size.every and n and n % size.every == 0:
             samples.clear()  # free the old graphs first: two sets of captures of a large case need twice the memory
-            samples = _prepared(makers, timer, rng, size.reps)
+            samples = _prepared(makers, timer, rng, size)
         tally.block(samples, rng, size, n)
         if on_block is not None:
             tally.seen(on_block())
@@ -527,7 +529,14 @@ def measure(
         for problem in watch.stop():
             tally.seen(problem)
     return tally.measurement(
-        cfg, size, stop_reason, (timer.now_ns() - t_start) / 1e9, samples["v"], timer.kind, kept["v"], base is not None
+        cfg,
+        size,
+        stop_reason,
+        (timer.now_ns() - t_start) / 1e9,
+        first_member(samples["v"]),
+        timer.kind,
+        kept["v"],
+        base is not None,
     )
 
 
@@ -559,13 +568,15 @@ def _keeping_outputs(
 
 @dataclass(frozen=True)
 class _Size:
-    """How a measurement samples: calls per sample, samples per block, the blocks it needs at least, and
-    every how many blocks the A/B sides are captured afresh (0: never)."""
+    """How a measurement samples: calls per sample, samples per block, the blocks it needs at least, every
+    how many blocks the A/B sides are captured afresh (0: never), and how many samples of each side, each on
+    its own input copies, are taken in turn (`placements`)."""
 
     reps: int
     samples_per_block: int
     min_blocks: int
     every: int
+    placements: int = 1
 
 
 def _size(
@@ -597,19 +608,52 @@ def _size(
     per_block_ns = single * reps * len(makers)
     budget_ns = cfg.budget_s * 1e9
     spb = int(max(1, min(cfg.samples_per_block, budget_ns // max(min_blocks * per_block_ns, 1.0))))
-    return _Size(reps, spb, min_blocks, every)
+    placements = 1
+    if timer.kind == "cuda":
+        # A kernel's time can depend on where its inputs lie: cuda_scalar at S2048 causal reads 1.10 or 1.20 ms
+        # by the allocation alone, and with one call a sample every process timed one placement and read one
+        # speed (benchmarks/results/stored_baseline_h100_2026-11-26). Each side spreads over MIN_COPIES copies.
+        placements = max(1, min(math.ceil(MIN_COPIES / reps), cfg.max_copy_bytes // max(reps * bytes_per_copy, 1)))
+    return _Size(reps, spb, min_blocks, every, placements)
 
 
 def _prepared(
-    makers: dict[str, Callable[[int], Call]], timer: Timer, rng: random.Random, reps: int
+    makers: dict[str, Callable[[int], Call]], timer: Timer, rng: random.Random, size: _Size
 ) -> dict[str, PreparedSample]:
-    """Every side's sample, prepared (captured, on CUDA) in a random order and run once."""
+    """Every side's sample, prepared (captured, on CUDA) in a random order and run once; with several
+    placements, a rotation of samples on copies 0..reps-1, reps..2*reps-1, and so on."""
     order = list(makers)
     rng.shuffle(order)  # capture and allocation order: no side is always first
-    prepared = {side: timer.prepare([makers[side](i) for i in range(reps)]) for side in order}
+    reps = size.reps
+    prepared: dict[str, PreparedSample] = {}
     for side in order:
-        prepared[side]()  # one discarded sample each: first replays pay for lazy setup
+        make = makers[side]
+        members = [timer.prepare([make(j * reps + i) for i in range(reps)]) for j in range(size.placements)]
+        prepared[side] = members[0] if len(members) == 1 else _Rotation(members)
+    for side in order:
+        for _ in range(size.placements):
+            prepared[side]()  # one discarded sample each: first replays pay for lazy setup
     return prepared
+
+
+class _Rotation:
+    """Samples of one side on different input copies, taken in turn: each block sees several placements."""
+
+    def __init__(self, members: list[PreparedSample]) -> None:
+        self.members = members
+        self.reps = members[0].reps
+        self.mode = members[0].mode
+        self._next = 0
+
+    def __call__(self) -> SampleTime:
+        member = self.members[self._next]
+        self._next = (self._next + 1) % len(self.members)
+        return member()
+
+
+def first_member(sample: PreparedSample) -> PreparedSample:
+    """The sample on input copies 0..reps-1: the one the integrity checks replay."""
+    return sample.members[0] if isinstance(sample, _Rotation) else sample
 
 
 @dataclass

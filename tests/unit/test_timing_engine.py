@@ -21,6 +21,7 @@ from pytest_perfguard.judge.baseline import BaselineEntry
 from pytest_perfguard.judge.stats import relative_half_width
 from pytest_perfguard.judge.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, ab_gate, ab_progress, decide
 from pytest_perfguard.measure.timing import (
+    MIN_COPIES,
     CpuTimer,
     MeasureConfig,
     Measurement,
@@ -353,6 +354,44 @@ def test_a_launch_slower_than_a_whole_sample_does_not_choose_one_call() -> None:
     m = measure(kernel(clock, lambda: 6_000.0), kernel(clock, lambda: 6_000.0), timer, cfg, rng=random.Random(4))
     assert m.reps >= 30
     assert m.time.estimate == pytest.approx(6_000.0, rel=0.02)
+
+
+def placed_kernel(clock: FakeClock, fast_ns: float, slow_copies: set[int]) -> Callable[[int], Callable[[], object]]:
+    """A kernel whose time depends on its input copy's placement: 9% slower on the copies in `slow_copies`."""
+
+    def make(i: int) -> Callable[[], object]:
+        ns = round(fast_ns * (1.09 if i in slow_copies else 1.0))
+
+        def call() -> None:
+            clock.now += ns
+
+        return call
+
+    return make
+
+
+def test_a_long_kernel_is_timed_over_several_placements_not_the_first_one_alone() -> None:
+    """A 1.1 ms kernel, one call a sample, whose copy 0 lies where it runs 9% slower (cuda_scalar at S2048
+    causal on an H100). Timed on copy 0 alone, as the host timer still does, the process reads the slow
+    speed; spread over MIN_COPIES copies, it reads the speed most placements give, and the sample the
+    integrity checks replay is still copy 0's."""
+    clock = FakeClock()
+    timer = LaunchBoundTimer(clock, launch_ns=0.0, replay_ns=0.0)
+    cfg = MeasureConfig(target=0.5, budget_s=1.0)
+    used: set[int] = set()
+    placed = placed_kernel(clock, 1_100_000.0, {0})
+
+    def variant(i: int) -> Callable[[], object]:
+        used.add(i)
+        return placed(i)
+
+    m = measure(variant, kernel(clock, lambda: 1_000_000.0), timer, cfg, rng=random.Random(5))
+    assert m.reps == 1
+    assert used == set(range(MIN_COPIES))
+    assert m.time.estimate == pytest.approx(1_100_000.0, rel=0.001)
+    assert m.sample is not None and m.sample.reps == 1
+    cpu = measure(variant, None, CpuTimer(clock), cfg, rng=random.Random(5))
+    assert cpu.time.estimate == pytest.approx(1_199_000.0, rel=0.001)  # a host timer keeps its one placement
 
 
 def test_copies_override_reps_and_pooling_keeps_all_blocks() -> None:
