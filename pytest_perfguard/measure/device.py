@@ -26,8 +26,8 @@ from ..judge.baseline import device_slug
 COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "against_backend", "timing")
 # How a CUDA case is timed (timing._CudaGraphSample), stored with every entry: figures taken another way are
 # not compared. Entries from before the key timed each replay from an idle stream, so their small cases carry
-# the host's launch latency divided by the calls per sample.
-CUDA_TIMING = "cuda graph, stream held"
+# the host's launch latency divided by the calls per sample, and their long ones one input placement.
+CUDA_TIMING = "cuda graph, stream held, 8+ input copies"
 UNHELD_TIMING = "cuda graph, stream idle"
 
 
