@@ -132,7 +132,6 @@ def judge(rec: Record, shift: float, margin: float, family: int) -> vd.Verdict:
         rec.against,
         rec.stored,
         workload=rec.workload,
-        env=rec.env,
         policy=policy(margin, family),
         max_ratio=None,
         incomparable=[],

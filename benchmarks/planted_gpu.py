@@ -129,7 +129,6 @@ def judge(m: Measurement, stored: BaselineEntry, policy: vd.Policy) -> vd.Verdic
         m.against_blocks,
         stored,
         workload=stored.workload,
-        env=stored.env,
         policy=policy,
         max_ratio=None,
         incomparable=[],

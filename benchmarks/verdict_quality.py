@@ -375,7 +375,6 @@ def judge_perfguard(run: Run, stored: bl.BaselineEntry, policy: Policy, ratio_no
             m.against_blocks,
             entry,
             workload=WORKLOAD,
-            env=ENV,
             policy=policy,
             max_ratio=None,
             incomparable=[],

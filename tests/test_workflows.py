@@ -520,8 +520,15 @@ def test_act_pull_request_is_judged_against_its_base_commit(repo_copy: Path, tmp
     doc = json.loads((store / "perfguard-results" / "perfguard-results.json").read_text())
     assert [run["source"].split("/")[1] for run in doc["runs"]] == shards
     assert {run["run"]["against"] for run in doc["runs"]} == {base}, [run["run"] for run in doc["runs"]]
-    gates = [g for run in doc["runs"] for r in run["results"] for g in r.get("gates") or [] if g.get("gate") == "ab"]
-    assert gates and all(g["status"] in ("pass", "inconclusive", "faster") for g in gates), gates
+    gates = [
+        (r["id"], g)
+        for run in doc["runs"]
+        for r in run["results"]
+        for g in r.get("gates") or []
+        if g.get("gate") == "ab"
+    ]
+    judged = [(case, g["status"], g.get("reason")) for case, g in gates]
+    assert gates and all(g["status"] in ("pass", "inconclusive", "faster") for _, g in gates), judged
     assert "compared with the base revision" in out, _act_output(proc)
     assert (store / "perfguard-pr" / "pr-number.txt").read_text() == "7\n"
     assert (store / "perfguard-pr" / "perfguard-comment.md").read_text().startswith("### perfguard: ")

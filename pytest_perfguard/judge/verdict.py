@@ -262,7 +262,6 @@ def decide(
     stored: BaselineEntry | None,
     *,
     workload: str,
-    env: dict[str, str],
     policy: Policy,
     max_ratio: float | None,
     incomparable: list[str],

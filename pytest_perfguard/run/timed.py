@@ -183,7 +183,6 @@ class TimedStep:
             m.against_blocks,
             None if s.update else stored,
             workload=record.workload or "",
-            env=env,
             policy=self.state.policy(),
             max_ratio=trial.max_ratio,
             incomparable=incomparable(stored.env, env) if stored is not None else [],

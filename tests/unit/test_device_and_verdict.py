@@ -157,7 +157,6 @@ def test_sdpa_backend_change_is_not_comparable_with_the_command_to_rebaseline() 
         _blocks(1000.0, seed=2),
         stored,
         workload="w",
-        env={},
         policy=vd.Policy(),
         max_ratio=None,
         incomparable=why,
@@ -169,16 +168,13 @@ def test_sdpa_backend_change_is_not_comparable_with_the_command_to_rebaseline() 
 
 def test_disturbed_measurement_is_inconclusive_not_a_regression() -> None:
     stored = _entry()
-    slow = vd.decide(
-        _blocks(1500.0), None, stored, workload="w", env={}, policy=vd.Policy(), max_ratio=None, incomparable=[]
-    )
+    slow = vd.decide(_blocks(1500.0), None, stored, workload="w", policy=vd.Policy(), max_ratio=None, incomparable=[])
     assert slow.status == vd.REGRESSED
     disturbed = vd.decide(
         _blocks(1500.0),
         None,
         stored,
         workload="w",
-        env={},
         policy=vd.Policy(),
         max_ratio=None,
         incomparable=[],
@@ -265,17 +261,15 @@ def test_mde_is_none_without_a_baseline_or_a_bounded_interval() -> None:
     assert vd.minimum_detectable_effect(Interval(0.0, -math.inf, math.inf, 0.95, 2), TAU, 0.01, 3) is None
     with pytest.raises(ValueError, match="power"):
         vd.minimum_detectable_effect(_dec(0.02), TAU, 0.01, 3, power=1.0)
-    v = vd.decide(
-        _blocks(1000.0), None, None, workload="w", env={}, policy=vd.Policy(), max_ratio=None, incomparable=[]
-    )
+    v = vd.decide(_blocks(1000.0), None, None, workload="w", policy=vd.Policy(), max_ratio=None, incomparable=[])
     assert v.gates[0].mde is None and v.gates[0].to_json()["mde"] is None
 
 
 def test_decide_sets_the_mde_of_the_baseline_and_ratio_gates() -> None:
     stored = _entry()
     args = (_blocks(1000.0), _blocks(1000.0, seed=2), stored)
-    plain = vd.decide(*args, workload="w", env={}, policy=vd.Policy(), max_ratio=2.0, incomparable=[])
-    confirmed = vd.decide(*args, workload="w", env={}, policy=vd.Policy(confirm=True), max_ratio=2.0, incomparable=[])
+    plain = vd.decide(*args, workload="w", policy=vd.Policy(), max_ratio=2.0, incomparable=[])
+    confirmed = vd.decide(*args, workload="w", policy=vd.Policy(confirm=True), max_ratio=2.0, incomparable=[])
     mdes = {g.name: g.mde for g in plain.gates}
     assert set(mdes) == {"baseline", "ratio", "max_ratio"} and mdes["max_ratio"] is None
     for name in ("baseline", "ratio"):

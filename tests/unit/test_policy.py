@@ -95,7 +95,7 @@ def _blocks(centre: float, n: int = 30, seed: int = 1) -> list[float]:
 def test_a_slower_machine_makes_the_time_gate_not_comparable_and_the_ratio_gate_decides() -> None:
     stored = _sampled([1000.0, 1002.0, 998.0], [800.0, 801.0, 799.0])
     policy_ = vd.Policy(margin=0.05, noise_floor=0.005, ratio_noise_floor=0.005)
-    kw = {"workload": "w", "env": {}, "policy": policy_, "max_ratio": None, "incomparable": []}
+    kw = {"workload": "w", "policy": policy_, "max_ratio": None, "incomparable": []}
     # the whole machine 10% slower: variant and reference alike
     moved = vd.decide(_blocks(1100.0), _blocks(880.0, seed=2), stored, **kw)
     time_gate, ratio_gate = moved.gates
@@ -114,7 +114,7 @@ def test_an_unstable_entry_is_inconclusive_never_pass_or_fail() -> None:
     unstable = BaselineEntry.from_samples(
         "t::c", stored.samples, workload="w", workload_desc="", env={}, updated="", unstable=True
     )
-    kw = {"workload": "w", "env": {}, "policy": vd.Policy(margin=0.05), "max_ratio": None, "incomparable": []}
+    kw = {"workload": "w", "policy": vd.Policy(margin=0.05), "max_ratio": None, "incomparable": []}
     for centre in (1000.0, 2000.0):
         v = vd.decide(_blocks(centre), _blocks(800.0, seed=2), unstable, **kw)
         assert v.status is vd.INCONCLUSIVE and "unstable baseline" in v.gates[0].reason
@@ -172,7 +172,7 @@ def test_a_ratio_taken_while_the_reference_ran_far_from_its_stored_time_decides_
     it the ratio still decides."""
     stored = _sampled([1000.0, 1002.0, 998.0], [800.0, 801.0, 799.0])
     policy_ = vd.Policy(margin=0.05, noise_floor=0.005, ratio_noise_floor=0.005)
-    kw = {"workload": "w", "env": {}, "policy": policy_, "max_ratio": None, "incomparable": []}
+    kw = {"workload": "w", "policy": policy_, "max_ratio": None, "incomparable": []}
     far = vd.decide(_blocks(1430.0), _blocks(1050.0, seed=2), stored, **kw)  # reference +31%, ratio +9%
     time_gate, ratio_gate = far.gates
     assert time_gate.status is vd.NOT_COMPARABLE
@@ -200,7 +200,7 @@ def test_a_ratio_that_moved_because_the_reference_alone_ran_faster_decides_nothi
     policy_ = vd.Policy(
         margin=0.05, noise_floor=0.005, ratio_noise_floor=0.005, prior_spread=0.0077, prior_ratio_spread=0.0063
     )
-    kw = {"workload": "w", "env": {}, "policy": policy_, "max_ratio": None, "incomparable": []}
+    kw = {"workload": "w", "policy": policy_, "max_ratio": None, "incomparable": []}
     seen = vd.decide(_blocks(235.7), _blocks(13.3, seed=2), stored, **kw)
     time_gate, ratio_gate = seen.gates
     assert time_gate.status is vd.PASS and ratio_gate.status is vd.INCONCLUSIVE
@@ -236,7 +236,7 @@ def test_a_time_gate_failing_alone_on_a_gpu_the_baseline_never_saw_is_inconclusi
         )
 
     policy_ = vd.Policy(margin=0.05, noise_floor=0.005, ratio_noise_floor=0.005, prior_spread=0.008)
-    kw = {"workload": "w", "env": {}, "policy": policy_, "max_ratio": None, "incomparable": []}
+    kw = {"workload": "w", "policy": policy_, "max_ratio": None, "incomparable": []}
     slower, reference = _blocks(1201.0), _blocks(40.0 * 1201.0 / 1104.0 * 0.96, seed=2)
     other = vd.decide(slower, reference, on("gpu-b"), device="gpu-c", **kw)
     assert [g.status for g in other.gates] == [vd.INCONCLUSIVE, vd.PASS], [g.reason for g in other.gates]

@@ -486,7 +486,6 @@ def judge(fake: RecordedKernels, stored: BaselineEntry) -> tuple[Verdict, Measur
             m.against_blocks,
             stored,
             workload="w" * 64,
-            env={},
             policy=GPU_POLICY,
             max_ratio=None,
             incomparable=[],
