@@ -230,12 +230,12 @@ class _CudaStreamSample:
         return SampleTime(device / self.reps, wall / self.reps, wall - covered)
 
 
-# The spin that holds the stream while a graph replay is launched: 40k cycles, about 20 us at 2 GHz, covers
-# the launch of a 64-call graph with room to spare; a launch that outlasts HOLD_MARGIN times less doubles it.
+# The spin that holds the stream while a graph replay is launched: 40k cycles, about 20 us at 2 GHz; a
+# replay whose launch takes more than 1 / HOLD_MARGIN of the hold doubles it (CudaTimer.held).
 HOLD_CYCLES = 40_000
+HOLD_MARGIN = 1.5
 # The fewest input copies a CUDA measurement spreads each side over (_Size.placements).
 MIN_COPIES = 8
-HOLD_MARGIN = 1.5
 
 _OVERHEAD_NS: dict[str, float] = {}  # CudaTimer.overhead_ns, per device, for this process
 
@@ -259,15 +259,13 @@ class CudaTimer:
         self._flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=self.device) if cold_l2 else None
         self.spin_cycles = 2_000_000
         self.hold_cycles = HOLD_CYCLES
-        self.short_holds = 0  # samples whose replay launch outlasted the hold (their events saw launch latency)
         self.capture_errors: list[str] = []
 
     def held(self, hold_ns: float, launch_ns: float) -> None:
         """A graph sample's hold took `hold_ns` on the device while the host spent `launch_ns` launching the
-        replay. A hold shorter than HOLD_MARGIN x the launch may have let the device wait for the graph: that
-        sample is counted and the hold doubles for the next ones (up to the fallback's spin)."""
+        replay. A hold shorter than HOLD_MARGIN x the launch may have let the device wait for the graph: the
+        hold doubles for the next samples (up to the fallback's spin)."""
         if hold_ns < HOLD_MARGIN * launch_ns:
-            self.short_holds += 1
             self.hold_cycles = min(2 * self.hold_cycles, self.spin_cycles)
 
     def flush_l2(self) -> None:
@@ -598,9 +596,9 @@ def _size(
     reps = copies if copies is not None else choose_reps(single, cfg, bytes_per_copy)
     if copies is None and timer.kind == "cuda":
         # Always from replays: one launch on an idle queue can read 200 us or more for a 6-30 us kernel,
-        # and then chose one call per sample. On a fresh H100 a third of the small cases got one call in some
+        # and then chose one call per sample. On a fresh H100 a third of the cases got one call in some
         # processes and not in others, and read 2-4 us slower per call there (benchmarks/results/
-        # stored_baseline_h100_2026-11-26). A long kernel's refinement is one capture of its few calls.
+        # timing_fixes_h100_2026-11-26). A long kernel's refinement is one capture of its few calls.
         reps, single = refine_reps(makers, timer, cfg, reps, single, bytes_per_copy)
     every = cfg.recapture_every if recapture else 0
     min_blocks = max(cfg.min_blocks, cfg.min_groups * every) if every else cfg.min_blocks
@@ -609,10 +607,12 @@ def _size(
     budget_ns = cfg.budget_s * 1e9
     spb = int(max(1, min(cfg.samples_per_block, budget_ns // max(min_blocks * per_block_ns, 1.0))))
     placements = 1
-    if timer.kind == "cuda":
+    if timer.kind == "cuda" and not every:
         # A kernel's time can depend on where its inputs lie: cuda_scalar at S2048 causal reads 1.10 or 1.20 ms
         # by the allocation alone, and with one call a sample every process timed one placement and read one
-        # speed (benchmarks/results/stored_baseline_h100_2026-11-26). Each side spreads over MIN_COPIES copies.
+        # speed (benchmarks/results/timing_fixes_h100_2026-11-26). Each side spreads over MIN_COPIES copies.
+        # Not under A/B: head and base run on the same copies, so placement moves both, and its recaptures
+        # every few blocks would pay for every copy's capture and discarded sample each time.
         placements = max(1, min(math.ceil(MIN_COPIES / reps), cfg.max_copy_bytes // max(reps * bytes_per_copy, 1)))
     return _Size(reps, spb, min_blocks, every, placements)
 
