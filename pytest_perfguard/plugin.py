@@ -99,7 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         def fresh_cases(ids: list[str], given: st.Settings) -> Any:
             timeout = 2 * per_case * len(ids) + 120 if per_case else None
-            return run_fresh_cases(config, ids, given, timeout)
+            return run_fresh_cases(config, ids, given, timeout, update=True)
 
         state.fresh_cases = fresh_cases
     if settings.enabled:

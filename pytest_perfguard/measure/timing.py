@@ -350,6 +350,9 @@ class MeasureConfig:
     warmup_calls: int = 3
     confidence: float = 0.95
     max_copy_bytes: int = 1 << 30  # memory cap for the input copies a sample rotates through
+    # On CUDA, each side's samples spread over MIN_COPIES input copies (_Size.placements). Off only where
+    # no absolute time is kept: an A/B run's head and base share their copies, so placement moves both.
+    spread_copies: bool = True
     # With a base side (A/B): every `recapture_every` blocks all sides are prepared anew (new graphs on new
     # allocations), in a random order. Placement moves a small kernel's time by more than its in-capture
     # noise, so the head/base ratio is judged on these groups, and its interval includes placement.
@@ -607,12 +610,12 @@ def _size(
     budget_ns = cfg.budget_s * 1e9
     spb = int(max(1, min(cfg.samples_per_block, budget_ns // max(min_blocks * per_block_ns, 1.0))))
     placements = 1
-    if timer.kind == "cuda" and not every:
+    if timer.kind == "cuda" and cfg.spread_copies:
         # A kernel's time can depend on where its inputs lie: cuda_scalar at S2048 causal reads 1.10 or 1.20 ms
         # by the allocation alone, and with one call a sample every process timed one placement and read one
         # speed (benchmarks/results/timing_fixes_h100_2026-11-26). Each side spreads over MIN_COPIES copies.
-        # Not under A/B: head and base run on the same copies, so placement moves both, and its recaptures
-        # every few blocks would pay for every copy's capture and discarded sample each time.
+        # Recaptures do not replace this: the allocator hands a recapture the blocks it just freed, and an
+        # update's A/A processes, recapturing every two blocks, both read that case at 1.19 ms (host G there).
         placements = max(1, min(math.ceil(MIN_COPIES / reps), cfg.max_copy_bytes // max(reps * bytes_per_copy, 1)))
     return _Size(reps, spb, min_blocks, every, placements)
 

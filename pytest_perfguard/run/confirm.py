@@ -44,7 +44,7 @@ from ..record import CaseRecord, Confirmed, Outcome, RecordError, Status
 from ..report.writers import PATH_SETTINGS
 from ..settings import BY_NAME, Settings
 from . import xdist as xd
-from .cleanup import CHILD_ENV, CONFIRM_PREFIX, die_with_parent, in_child
+from .cleanup import CHILD_ENV, CONFIRM_PREFIX, UPDATE_PROCESS_ENV, die_with_parent, in_child
 
 if TYPE_CHECKING:
     from ..judge.baseline import BaselineEntry
@@ -118,15 +118,17 @@ def run_fresh_cases(
     *,
     total_budget: float = 0.0,
     alone: bool = False,
+    update: bool = False,
 ) -> dict[str, CaseRecord] | str:
     """Run these items, in this order, in one new process with these settings (one start for many cases:
     a batch of confirmations, an update's further processes); their records by id, or why there are none.
     ``total_budget``: seconds of measurement the process may spend (0: unlimited); ``alone``: judge each case
-    as a family of one, as a single confirmation does."""
+    as a family of one, as a single confirmation does; ``update``: one of an update's processes, whose times
+    are stored."""
     # The pid in the name lets the next session remove the folder if this one is killed.
     with tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-") as tmp:
         out = Path(tmp) / "confirm.json"
-        env = _child_env(settings, out, total_budget, alone)
+        env = _child_env(settings, out, total_budget, alone=alone, update=update)
         cmd = _child_command(config, nodeids)
         try:
             proc = subprocess.run(
@@ -151,7 +153,7 @@ def run_fresh_cases(
     return _records_of(doc, nodeids, proc.returncode)
 
 
-def _child_env(settings: Settings, out: Path, total_budget: float, alone: bool) -> dict[str, str]:
+def _child_env(settings: Settings, out: Path, total_budget: float, *, alone: bool, update: bool) -> dict[str, str]:
     """The fresh process's environment: this one's, with the settings handed over. Its results go to ``out``
     alone (the reports are this run's to write), and only its records count: strict and missing-baseline
     failures are this run's to decide."""
@@ -169,6 +171,7 @@ def _child_env(settings: Settings, out: Path, total_budget: float, alone: bool) 
             # This process and its xdist siblings hold a context on the GPU: not foreign load.
             SESSION_PIDS_ENV: ",".join(str(p) for p in sorted(session_pids())),
             ALONE_ENV: "1" if alone else "0",
+            UPDATE_PROCESS_ENV: "1" if update else "0",
         }
     )
     return env

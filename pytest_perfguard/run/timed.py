@@ -23,6 +23,7 @@ from ..measure.timing import Clock, MeasureConfig, Measurement, Progress, Timer,
 from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
 from .checks import DeviceLock
+from .cleanup import in_update_process
 from .session import SessionState, device_id
 from .workload import Trial, count, describe_workload, finite, input_bytes, normalize_inputs, tensor_bytes
 
@@ -100,6 +101,8 @@ class TimedStep:
         cfg = MeasureConfig(target=s.ci_target, budget_s=s.case_budget, min_time_s=min_time)
         if base is None:
             return cfg
+        # Head and base share their input copies; an update's A/A process keeps its absolute times, though.
+        cfg = replace(cfg, spread_copies=in_update_process())
         policy = self.state.policy()
 
         def progress(ratios: Sequence[float], time_ns: float) -> float:

@@ -145,3 +145,29 @@ def test_a_regression_the_fresh_process_repeats_stands_whatever_the_mean() -> No
     child.gates[0].status = Status.REGRESSED
     got = _settle(state, _verdict(1.40, 1.0), child)
     assert got.status is Status.REGRESSED and got.note.startswith("confirmed in a fresh process: time vs baseline")
+
+
+@pytest.mark.parametrize("update", [True, False])
+def test_only_an_update_s_processes_are_told_their_times_are_stored(
+    update: bool, pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An update's further processes run with A/A against HEAD, and what they time is stored: they must know
+    it (they spread each side over several input copies, as a plain run does). A confirmation must not."""
+    import subprocess
+
+    from pytest_perfguard.run import cleanup, confirm
+
+    seen: dict[str, str] = {}
+
+    def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        env = kwargs["env"]
+        assert isinstance(env, dict)
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 1, "", "")
+
+    monkeypatch.setattr(confirm.subprocess, "run", fake_run)
+    got = confirm.run_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None, update=update)
+    assert isinstance(got, str) and "wrote no result" in got
+    for name in (cleanup.CHILD_ENV, cleanup.UPDATE_PROCESS_ENV):
+        monkeypatch.setenv(name, seen[name])
+    assert cleanup.in_update_process() is update

@@ -15,9 +15,8 @@ from pytest_perfguard.settings import AB_SMALL_NS, BY_NAME, SPECS, Settings, con
 pytest_plugins = ["pytester"]
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pytest_perfguard"
-# Not settings: what the plugin sets for the fresh confirmation process it starts (see settings.py).
 # Set by the plugin for its own fresh processes, never by a user: not settings.
-HAND_OFF = {"PERFGUARD_CONFIRMING", "PERFGUARD_CONFIRM_ALONE", "PERFGUARD_SESSION_PIDS"}
+HAND_OFF = {"PERFGUARD_CONFIRMING", "PERFGUARD_CONFIRM_ALONE", "PERFGUARD_SESSION_PIDS", "PERFGUARD_UPDATE_PROCESS"}
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

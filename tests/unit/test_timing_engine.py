@@ -11,6 +11,7 @@ import lzma
 import math
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -392,9 +393,14 @@ def test_a_long_kernel_is_timed_over_several_placements_not_the_first_one_alone(
     assert m.sample is not None and m.sample.reps == 1
     cpu = measure(variant, None, CpuTimer(clock), cfg, rng=random.Random(5))
     assert cpu.time.estimate == pytest.approx(1_199_000.0, rel=0.001)  # a host timer keeps its one placement
-    used.clear()  # under A/B, head and base share their copies, and the recaptures vary the rest
-    measure(variant, kernel(clock, lambda: 1_000_000.0), timer, cfg, rng=random.Random(5), base=placed)
+    used.clear()  # an A/B run: head and base share their copies (the runner turns the spread off)
+    ab = replace(cfg, spread_copies=False)
+    measure(variant, kernel(clock, lambda: 1_000_000.0), timer, ab, rng=random.Random(5), base=placed)
     assert used == {0}
+    used.clear()  # an update's A/A process keeps its absolute time: its recaptures reuse the same copies
+    aa = measure(variant, kernel(clock, lambda: 1_000_000.0), timer, cfg, rng=random.Random(5), base=placed)
+    assert used == set(range(MIN_COPIES))
+    assert aa.time.estimate == pytest.approx(1_100_000.0, rel=0.001)
 
 
 def test_copies_override_reps_and_pooling_keeps_all_blocks() -> None:
