@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The guarded suite on a host with two or more GPUs: `-n 0` (one GPU) against `-n 2` (one worker per GPU),
+# A/A in A/B mode (against HEAD: commit first, so that every case compares identical code), and a planted
+# +5% judged both ways. Run from the repository root; steps in order, e.g. `aa1 aa2 aa3 plant`:
+#   aa<N>   one `-n 0` run, then one `-n 2` run, A/A against HEAD
+#   plant   the +5% of benchmarks/_plant_kernel.py in triton_flash and cuda_wmma against HEAD, `-n 0` then
+#           `-n 2`, no confirmation (the verdicts are compared case by case)
+# Every run's results, log, junit XML and timeline (benchmarks/_timeline.py) go to OUT (default
+# benchmarks/out/two_gpu), one line each in OUT/runs.txt.
+set -uo pipefail
+. "$(dirname "$0")/_suite.sh"
+out=${OUT:-benchmarks/out/two_gpu}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+suite_device "$out"
+uptime > "$out/uptime.txt"
+run() {  # name, pytest arguments...
+  PERFGUARD_TIMELINE="$out/$1.timeline" suite_run "$out" "$1" -p benchmarks._timeline \
+    --perfguard-json="$out/$1.json" --junitxml="$out/$1.xml" "${@:2}"
+}
+for step in "$@"; do
+  case $step in
+    aa*)   for n in 0 2; do run "${step}_n$n" -n "$n" --perfguard --perfguard-against HEAD; done ;;
+    plant) cp kernels/__init__.py "$out/.kernels_init.py"
+           trap 'mv "$out/.kernels_init.py" kernels/__init__.py' EXIT
+           printf '\nimport os as _os\nif _os.environ.get("PLANT_VARIANTS"):\n    import sys as _sys\n    _sys.path.insert(0, "benchmarks")\n    from _plant_kernel import plant as _plant\n\n    _plant(KERNELS)\n' >> kernels/__init__.py
+           for n in 0 2; do
+             PLANT_VARIANTS=triton_flash,cuda_wmma PLANT_X=0.05 run "plant_n$n" -n "$n" --perfguard \
+               --perfguard-against HEAD -k "triton_flash or cuda_wmma" --perfguard-no-confirm
+           done
+           mv "$out/.kernels_init.py" kernels/__init__.py; trap - EXIT ;;
+    *) echo "unknown step: $step" >&2; exit 2 ;;
+  esac
+done
+python -m benchmarks._timeline "$out"/*.timeline > "$out/timeline.txt" 2>&1
