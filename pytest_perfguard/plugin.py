@@ -43,7 +43,13 @@ def _pick_device(config: pytest.Config, wanted: str, *, enabled: bool) -> str:
         return "cpu"  # variants that need CUDA skip (or fail under --perfguard-require-gpu)
     if wanted.startswith("cuda:"):
         return wanted
-    return xd.worker_gpu(config, enabled=enabled)
+    device = xd.worker_gpu(config, enabled=enabled)
+    if is_worker(config):
+        # The worker's GPU is current from the start, not only inside a case: whatever takes the current
+        # device outside one (a kernel library's load, a warm-up) would open a context on cuda:0, and did
+        # on a two-H100 host (532 MiB on the other worker's GPU, beside a case that ran out of memory there).
+        torch.cuda.set_device(torch.device(device))
+    return device
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

@@ -511,7 +511,13 @@ def measure(
     while len(tally.blocks["v"]) < cfg.max_blocks:
         n = len(tally.blocks["v"])
         if size.every and n and n % size.every == 0:
-            samples.clear()  # free the old graphs first: two sets of captures of a large case need twice the memory
+            # Free the old graphs first: two sets of captures of a large case need twice the memory. Their
+            # kept outputs go too: a graph's memory pool lives while any tensor from it does (the new
+            # samples' first runs keep new ones). Kept, they held an H100's 80 GB full at torch_hybrid S4096
+            # under A/B (benchmarks/results/two_gpu_h100_2026-11-26).
+            samples.clear()
+            for outputs in kept.values():
+                outputs.clear()
             samples = _prepared(makers, timer, rng, size)
         tally.block(samples, rng, size, n)
         if on_block is not None:

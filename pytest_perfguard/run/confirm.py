@@ -18,6 +18,7 @@ the fresh process does not repeat is judged on both processes together (policy.m
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -125,6 +126,7 @@ def run_fresh_cases(
     ``total_budget``: seconds of measurement the process may spend (0: unlimited); ``alone``: judge each case
     as a family of one, as a single confirmation does; ``update``: one of an update's processes, whose times
     are stored."""
+    _release_device_memory()
     # The pid in the name lets the next session remove the folder if this one is killed.
     with tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-") as tmp:
         out = Path(tmp) / "confirm.json"
@@ -151,6 +153,16 @@ def run_fresh_cases(
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
             return f"the fresh process wrote no result (exit {proc.returncode}): " + " | ".join(tail)
     return _records_of(doc, nodeids, proc.returncode)
+
+
+def _release_device_memory() -> None:
+    """The GPU memory this process's allocator keeps cached goes back to the driver before a fresh process
+    starts on the same GPU. An update's further processes time torch_hybrid S4096 (4 GiB of scores a graph)
+    against its twin, which alone can fill most of an H100."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _child_env(settings: Settings, out: Path, total_budget: float, *, alone: bool, update: bool) -> dict[str, str]:

@@ -148,26 +148,35 @@ def test_a_regression_the_fresh_process_repeats_stands_whatever_the_mean() -> No
 
 
 @pytest.mark.parametrize("update", [True, False])
-def test_only_an_update_s_processes_are_told_their_times_are_stored(
+def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
     update: bool, pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An update's further processes run with A/A against HEAD, and what they time is stored: they must know
-    it (they spread each side over several input copies, as a plain run does). A confirmation must not."""
+    it (they spread each side over several input copies, as a plain run does). A confirmation must not. And
+    the memory this process keeps cached on the GPU is given back before either starts."""
     import subprocess
+
+    import torch
 
     from pytest_perfguard.run import cleanup, confirm
 
     seen: dict[str, str] = {}
+    events: list[str] = []
 
     def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         env = kwargs["env"]
         assert isinstance(env, dict)
         seen.update(env)
+        events.append("child")
         return subprocess.CompletedProcess(cmd, 1, "", "")
 
     monkeypatch.setattr(confirm.subprocess, "run", fake_run)
+    # As on a GPU that this process has used: its cached memory goes back before the child starts.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("released"))
     got = confirm.run_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None, update=update)
     assert isinstance(got, str) and "wrote no result" in got
+    assert events == ["released", "child"]
     for name in (cleanup.CHILD_ENV, cleanup.UPDATE_PROCESS_ENV):
         monkeypatch.setenv(name, seen[name])
     assert cleanup.in_update_process() is update

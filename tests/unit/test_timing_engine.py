@@ -6,10 +6,12 @@ them with real per-launch times recorded on an H200 (tests/data), so the verdict
 
 from __future__ import annotations
 
+import gc
 import json
 import lzma
 import math
 import random
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -401,6 +403,45 @@ def test_a_long_kernel_is_timed_over_several_placements_not_the_first_one_alone(
     aa = measure(variant, kernel(clock, lambda: 1_000_000.0), timer, cfg, rng=random.Random(5), base=placed)
     assert used == set(range(MIN_COPIES))
     assert aa.time.estimate == pytest.approx(1_100_000.0, rel=0.001)
+
+
+class _Output:
+    """A call's output; on CUDA it would hold its graph's memory pool."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+
+
+def test_a_recapture_lets_go_of_the_old_captures_outputs() -> None:
+    """Under A/B every `recapture_every` blocks all sides are prepared anew. A CUDA graph's memory pool lives
+    while any tensor from it does, so the outputs the engine keeps for the integrity checks must go with their
+    graphs: kept, they held an H100 full at torch_hybrid S4096 (4 GiB of scores a graph)."""
+    clock = FakeClock()
+    live: weakref.WeakSet[_Output] = weakref.WeakSet()
+    generation = 0
+    old_alive: list[int] = []
+
+    def variant(i: int) -> Callable[[], object]:
+        nonlocal generation
+        if i == 0:  # a new set of captures begins (the first is the sizing warm-up's)
+            generation += 1
+            gc.collect()
+            old_alive.append(sum(1 for o in live if o.generation < generation))
+        made = generation
+
+        def call() -> object:
+            clock.now += 300_000
+            out = _Output(made)
+            live.add(out)
+            return out
+
+        return call
+
+    cfg = MeasureConfig(target=0.001, budget_s=0.5, min_blocks=8)
+    m = measure(variant, None, CpuTimer(clock), cfg, rng=random.Random(3), base=kernel(clock, lambda: 300_000.0))
+    assert m.blocks >= 6 and generation >= 4  # the warm-up, the first captures, and recaptures
+    # The first captures may find the warm-up's outputs; every recapture finds none of the old ones.
+    assert old_alive[2:] == [0] * (generation - 2)
 
 
 def test_copies_override_reps_and_pooling_keeps_all_blocks() -> None:
