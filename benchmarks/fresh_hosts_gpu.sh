@@ -8,6 +8,9 @@
 #   plant10 plant05       a real +10% / +5% in triton_flash and cuda_wmma (benchmarks/_plant_kernel.py:
 #                         the variant, then a calibrated GPU spin), judged without confirmation
 #   probe                 what graph replays read with and without the stream held (benchmarks/launch_hold.py)
+#   poison                an update into benchmarks/out/bl_poisoned with a foreign GPU load (benchmarks/gpu_load.py)
+#                         during its second process only: that process must be outvoted, re-measured or
+#                         kept out as disturbed, and no entry stored slow (compare with the update step's)
 # The baseline lives in benchmarks/out/bl (ignored), so later calls on the same machine find it. Every run's
 # results, log and junit XML go to OUT (default benchmarks/out/hosts), one line each in OUT/runs.txt
 # (benchmarks/_suite.sh). CASES="-k EXPR" (EXPR without spaces) selects cases for every step.
@@ -40,6 +43,18 @@ for step in "$@"; do
     cross*) run "$step" --perfguard --perfguard-baseline-dir="$other" ;;
     plant10) plant plant10 0.10 ;;
     plant05) plant plant05 0.05 ;;
+    poison) mkdir -p benchmarks/out/bl_poisoned
+            run poison --perfguard-update-baseline --perfguard-baseline-dir=benchmarks/out/bl_poisoned & update=$!
+            until grep -q "update process 2 of" "$out/poison.log" 2>/dev/null || ! kill -0 "$update" 2>/dev/null; do
+              sleep 0.5; done
+            python benchmarks/gpu_load.py > "$out/gpu_load.log" 2>&1 & load=$!
+            echo "poison: load on at $(_suite_since "$SUITE_T0")s" | tee -a "$out/runs.txt"
+            until grep -q "update process 3 of\|re-measurement of" "$out/poison.log" 2>/dev/null \
+                || ! kill -0 "$update" 2>/dev/null; do sleep 0.5; done
+            kill "$load"; wait "$load"
+            echo "poison: load off at $(_suite_since "$SUITE_T0")s" | tee -a "$out/runs.txt"
+            wait "$update"
+            cp benchmarks/out/bl_poisoned/*.json "$out/baseline_poisoned.json" ;;
     probe)  python benchmarks/launch_hold.py --json "$out/launch_hold.json" > "$out/probe.log" 2>&1
             echo "probe: rc=$?" | tee -a "$out/runs.txt" ;;
     *) echo "unknown step: $step" >&2; exit 2 ;;
