@@ -513,8 +513,8 @@ def measure(
         if size.every and n and n % size.every == 0:
             # Free the old graphs first: two sets of captures of a large case need twice the memory. Their
             # kept outputs go too: a graph's memory pool lives while any tensor from it does (the new
-            # samples' first runs keep new ones). Kept, they held an H100's 80 GB full at torch_hybrid S4096
-            # under A/B (benchmarks/results/two_gpu_h100_2026-11-26).
+            # captures keep new ones). With them kept, an H100 worker timing torch_hybrid S4096 under A/B held
+            # 52 GB in graph pools and ran out of memory (benchmarks/results/two_gpu_h100_2026-11-26).
             samples.clear()
             for outputs in kept.values():
                 outputs.clear()
