@@ -34,11 +34,17 @@ if os.environ.get("PERFGUARD_CONFIRM_ALONE") == "1" and os.environ.get("BREAK_BA
 
 
 # The batch's process is slow: its 100th kernel call (in the first case's timing, past the correctness
-# check) sleeps for longer than the guard's process took to measure all four cases.
+# check) sleeps SLOW_BATCH_S seconds past the batch's whole bound of measurement, which the guard hands to
+# that process as its total budget: longer than the guard's process took to measure all four cases, however
+# loaded the machine is, and no longer than that.
 KERNEL = "        CLOCK.t += int(ns * RNG.lognormvariate(0.0, noise))\n"
 SLOW_BATCH = """
 import time
-_PAUSE = float(os.environ.get("SLOW_BATCH_S", "0")) if os.environ.get("PERFGUARD_CONFIRM_ALONE") == "1" else 0.0
+_PAUSE = (
+    float(os.environ["PERFGUARD_TOTAL_BUDGET"]) + float(os.environ["SLOW_BATCH_S"])
+    if os.environ.get("PERFGUARD_CONFIRM_ALONE") == "1" and os.environ.get("SLOW_BATCH_S")
+    else 0.0
+)
 _CALLS = [0]
 
 def batch_pause():
@@ -187,7 +193,7 @@ def test_a_batch_past_its_measurement_bound_leaves_the_rest_standing_and_says_so
         "0",
         "--perfguard-case-budget",
         "1",
-        env={"PLANT_SLOWDOWN": "1.5", "SLOW_BATCH_S": "25"},
+        env={"PLANT_SLOWDOWN": "1.5", "SLOW_BATCH_S": "2"},
     )
     result.assert_outcomes(failed=4, deselected=4)
     result.stdout.fnmatch_lines(

@@ -257,17 +257,39 @@ def test_unmet_requirement_skips_and_require_gpu_fails(project: pytest.Pytester,
 # ------------------------------------------------------------------------------------ timing and gates
 
 
+_FIRST_GUARDS: dict[tuple[str, ...], tuple[pytest.RunResult, Path]] = {}
+
+
+@pytest.fixture
+def first_guard(request: pytest.FixtureRequest, mode: list[str]) -> tuple[pytest.RunResult, Path]:
+    """The first --perfguard run of the two-variant project, no baseline stored, in the test's mode: its results
+    in out/results.json and its Markdown summary in summary.md, under the project folder it returns. Run once
+    per mode (and xdist worker) and read by each test that needs it, each asserting on its own part."""
+    key = tuple(mode)
+    if key not in _FIRST_GUARDS:
+        project: pytest.Pytester = request.getfixturevalue("project")
+        project.makepyfile(test_k=_case())
+        summary = project.path / "summary.md"
+        result = run(
+            project,
+            mode,
+            "--perfguard",
+            "--perfguard-json",
+            "out/results.json",
+            env={"GITHUB_STEP_SUMMARY": str(summary)},
+        )
+        _FIRST_GUARDS[key] = (result, project.path)
+    return _FIRST_GUARDS[key]
+
+
 def test_perfguard_without_baseline_reports_and_writes_json_and_summary(
-    project: pytest.Pytester, mode: list[str], tmp_path: Path
+    first_guard: tuple[pytest.RunResult, Path],
 ) -> None:
-    project.makepyfile(test_k=_case())
-    summary = tmp_path / "summary.md"
-    result = run(
-        project, mode, "--perfguard", "--perfguard-json", "out/results.json", env={"GITHUB_STEP_SUMMARY": str(summary)}
-    )
+    result, path = first_guard
+    summary = path / "summary.md"
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*perfguard:*", "test_attn:", "fast*S8*ns ±*no baseline*"])
-    doc = json.loads((project.path / "out" / "results.json").read_text())
+    doc = json.loads((path / "out" / "results.json").read_text())
     assert doc["kind"] == "perfguard-results" and len(doc["results"]) == 4
     fast = next(r for r in doc["results"] if r["id"].endswith("[fast-8]"))
     assert 0.9 < fast["ratio"] < 1.1 and fast["ratio_ci"][0] <= fast["ratio"] <= fast["ratio_ci"][1]
@@ -428,12 +450,11 @@ def test_an_update_run_that_moved_in_its_own_process_only_is_held_back(
 def test_faster_than_baseline_is_reported(project: pytest.Pytester) -> None:
     project.makepyfile(test_k=_case())
     record_baseline(project).assert_outcomes(passed=4)
-    result = run(project, [], "--perfguard", "-k", "fast", env={"PLANT_SLOWDOWN": "0.5"})
+    result = run(project, [], "--perfguard", "-k", "fast", "--perfguard-json", "r.json", env={"PLANT_SLOWDOWN": "0.5"})
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*faster*"])
     doc_gate = "faster than the baseline by more than the margin; update it"
-    result2 = run(project, [], "--perfguard", "-k", "fast", "--perfguard-json", "r.json", env={"PLANT_SLOWDOWN": "0.5"})
-    assert doc_gate in (project.path / "r.json").read_text() and result2.ret == 0
+    assert doc_gate in (project.path / "r.json").read_text() and result.ret == 0
 
 
 def test_ratio_gate_fires_when_the_reference_got_faster(project: pytest.Pytester, mode: list[str]) -> None:
@@ -667,11 +688,10 @@ def pytest_configure(config):
 """
 
 
-def test_progress_off_a_tty_is_one_line_per_measured_case(project: pytest.Pytester, mode: list[str]) -> None:
+def test_progress_off_a_tty_is_one_line_per_measured_case(first_guard: tuple[pytest.RunResult, Path]) -> None:
     import re
 
-    project.makepyfile(test_k=_case())
-    result = run(project, mode, "--perfguard")
+    result, _ = first_guard
     result.assert_outcomes(passed=4)
     out = result.stdout.str()
     done = [line for line in out.splitlines() if re.match(DONE_LINE, line)]
