@@ -7,7 +7,6 @@ Timing runs on a fake nanosecond clock that the kernels advance, so the verdicts
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import replace
 
@@ -53,11 +52,11 @@ def test_double(n, perfguard_device):
 
 
 def _run(p: pytest.Pytester, *args: str, planted: str = "1.0") -> pytest.RunResult:
-    os.environ["PLANTED"] = planted
-    try:
+    # An update in this process alone: the multi-process update has tests of its own (tests/test_stored_baseline.py)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PLANTED", planted)
+        mp.setenv("PERFGUARD_UPDATE_PROCESSES", "1")
         return p.runpytest_inprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--perfguard-case-budget", "5", *args)
-    finally:
-        os.environ.pop("PLANTED", None)
 
 
 def test_a_planted_regression_leads_the_html_and_markdown(

@@ -108,25 +108,29 @@ HONEST = {"honest", "sdpa", "honest16", "honest_degenerate"}
 def _run(pytester: pytest.Pytester, source: str) -> tuple[pytest.RunResult, dict[str, dict]]:
     pytester.makepyfile(cheats=CHEATS, test_cases=source)
     (pytester.path / ".ci" / "baselines").mkdir(parents=True)
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:xdist",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "no:randomly",
-        "--perfguard",
-        "--perfguard-device",
-        "cpu",
-        "--perfguard-case-budget",
-        "1",
-        "--perfguard-update-baseline",
-        # The suite's other worker loads the CPU by design: the honest cases must be recorded whatever it does
-        # (the CPU watch has tests of its own, tests/test_disturbed.py).
-        "--perfguard-no-cpu-watch",
-        "--perfguard-json",
-        "out/results.json",
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        # An update in this process alone: the further processes of a multi-process update measure only the
+        # cases that passed here (the honest ones), and have tests of their own (tests/test_stored_baseline.py).
+        mp.setenv("PERFGUARD_UPDATE_PROCESSES", "1")
+        result = pytester.runpytest_subprocess(
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "--perfguard",
+            "--perfguard-device",
+            "cpu",
+            "--perfguard-case-budget",
+            "1",
+            "--perfguard-update-baseline",
+            # The suite's other worker loads the CPU by design: the honest cases must be recorded whatever it
+            # does (the CPU watch has tests of its own, tests/test_disturbed.py).
+            "--perfguard-no-cpu-watch",
+            "--perfguard-json",
+            "out/results.json",
+        )
     doc = json.loads((pytester.path / "out" / "results.json").read_text())
     by_variant = {r["variant"]: r for r in doc["results"]}
     return result, by_variant
