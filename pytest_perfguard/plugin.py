@@ -41,13 +41,17 @@ def _pick_device(config: pytest.Config, wanted: str, *, enabled: bool) -> str:
         return "cpu"
     if not torch.cuda.is_available():
         return "cpu"  # variants that need CUDA skip (or fail under --perfguard-require-gpu)
-    if wanted.startswith("cuda:"):
-        return wanted
-    device = xd.worker_gpu(config, enabled=enabled)
-    if is_worker(config):
-        # The worker's GPU is current from the start, not only inside a case: whatever takes the current
-        # device outside one (a kernel library's load, a warm-up) would open a context on cuda:0, and did
-        # on a two-H100 host (532 MiB on the other worker's GPU, beside a case that ran out of memory there).
+    device = wanted if wanted.startswith("cuda:") else xd.worker_gpu(config, enabled=enabled)
+    index, count = torch.device(device).index or 0, torch.cuda.device_count()
+    if index >= count:
+        raise pytest.UsageError(
+            f"--perfguard-device {device}: this host has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        )
+    if index:
+        # A process timing on cuda:N (an xdist worker, its fresh confirmation process, a --perfguard-device
+        # choice) makes it current from the start, not only inside a case: whatever takes the current device
+        # outside one (a kernel library's load, a warm-up) would open a context on cuda:0, and did on a
+        # two-H100 host (532 MiB on the other worker's GPU, beside a case that ran out of memory there).
         torch.cuda.set_device(torch.device(device))
     return device
 

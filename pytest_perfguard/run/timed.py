@@ -101,8 +101,6 @@ class TimedStep:
         cfg = MeasureConfig(target=s.ci_target, budget_s=s.case_budget, min_time_s=min_time)
         if base is None:
             return cfg
-        # Head and base share their input copies; an update's A/A process keeps its absolute times, though.
-        cfg = replace(cfg, spread_copies=in_update_process())
         policy = self.state.policy()
 
         def progress(ratios: Sequence[float], time_ns: float) -> float:
@@ -111,8 +109,11 @@ class TimedStep:
             )
 
         # The A/B gate decides: measure until its MDE reaches its promise; the ratio to `against` is
-        # reported, and need not narrow unless a max_ratio gate judges it.
-        return replace(cfg, ab_progress=progress, stop_on_ratio=trial.max_ratio is not None)
+        # reported, and need not narrow unless a max_ratio gate judges it. Head and base share their input
+        # copies, so they need no rotation over them; an update's A/A process stores its times, and does.
+        return replace(
+            cfg, ab_progress=progress, stop_on_ratio=trial.max_ratio is not None, spread_copies=in_update_process()
+        )
 
     def measure_and_judge(
         self, trial: Trial, record: CaseRecord, twin: Twin | None, timer: Timer

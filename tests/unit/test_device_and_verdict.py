@@ -300,3 +300,24 @@ def test_a_cuda_entry_timed_before_the_held_stream_is_not_comparable() -> None:
     assert incomparable({"name": "GPU"}, current) == [f"timing method {UNHELD_TIMING} \u2192 {CUDA_TIMING}"]
     assert incomparable({"name": "GPU", "timing": CUDA_TIMING}, current) == []
     assert incomparable({"name": "cpu"}, {"name": "cpu"}) == []  # a CPU entry has no timing key either way
+
+
+def test_a_process_timing_on_another_gpu_makes_it_current_and_a_missing_one_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config
+) -> None:
+    """Inside a case the runner's device guard makes the case's GPU current; outside one (a kernel library's
+    load, a warm-up) the process's current device is used, and on cuda:0 it opened a context on another
+    worker's GPU. A process that times on cuda:N makes it current at configure; cuda:0 already is."""
+    import torch
+
+    from pytest_perfguard import plugin
+
+    made_current: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: made_current.append(str(d)))
+    assert plugin._pick_device(pytestconfig, "cuda:1", enabled=True) == "cuda:1"
+    assert plugin._pick_device(pytestconfig, "cuda:0", enabled=True) == "cuda:0"
+    assert made_current == ["cuda:1"]
+    with pytest.raises(pytest.UsageError, match=r"cuda:5: this host has 2 CUDA device\(s\), cuda:0 to cuda:1"):
+        plugin._pick_device(pytestconfig, "cuda:5", enabled=True)
