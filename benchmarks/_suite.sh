@@ -6,6 +6,8 @@
 #   suite_device OUT                    # GPU, driver and library versions, appended to OUT/device.txt
 #   suite_run OUT NAME [pytest args]    # one process, its output in OUT/NAME.log, one line in OUT/runs.txt
 #   suite_pytest [pytest args]          # the same process with its output on stdout
+#   suite_plant_on OUT / suite_plant_off OUT   # kernels/__init__.py hooks benchmarks/_plant_kernel.py in while
+#                                       # PLANT_VARIANTS is set (the original kept in OUT, put back on exit too)
 
 SUITE_T0=${SUITE_T0:-$(date +%s.%N)}  # runs.txt gives each start in seconds from here (nvml_trace.py --t0)
 
@@ -39,4 +41,16 @@ suite_device() {
     nvidia-smi --query-gpu=name,uuid,driver_version,clocks.max.sm,clocks.max.mem --format=csv
     python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   } >> "$1/device.txt" 2>&1
+}
+
+suite_plant_on() {
+  cp kernels/__init__.py "$1/.kernels_init.py"
+  # shellcheck disable=SC2064  # the folder is fixed now, on purpose
+  trap "mv '$1/.kernels_init.py' kernels/__init__.py" EXIT
+  printf '\nimport os as _os\nif _os.environ.get("PLANT_VARIANTS"):\n    import sys as _sys\n    _sys.path.insert(0, "benchmarks")\n    from _plant_kernel import plant as _plant\n\n    _plant(KERNELS)\n' >> kernels/__init__.py
+}
+
+suite_plant_off() {
+  mv "$1/.kernels_init.py" kernels/__init__.py
+  trap - EXIT
 }

@@ -26,11 +26,10 @@ run() {  # name, pytest arguments...
   suite_run "$out" "$1" --perfguard-json="$out/$1.json" --junitxml="$out/$1.xml" ${CASES:-} "${@:2}"
 }
 plant() {  # name x
-  cp kernels/__init__.py "$out/.kernels_init.py"
-  printf '\nimport os as _os\nif _os.environ.get("PLANT_VARIANTS"):\n    import sys as _sys\n    _sys.path.insert(0, "benchmarks")\n    from _plant_kernel import plant as _plant\n\n    _plant(KERNELS)\n' >> kernels/__init__.py
+  suite_plant_on "$out"
   PLANT_VARIANTS=triton_flash,cuda_wmma PLANT_X=$2 run "$1" --perfguard --perfguard-baseline-dir="$bl" \
     -k "triton_flash or cuda_wmma" --perfguard-no-confirm
-  mv "$out/.kernels_init.py" kernels/__init__.py
+  suite_plant_off "$out"
 }
 for step in "$@"; do
   case $step in

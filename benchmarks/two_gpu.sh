@@ -21,14 +21,12 @@ run() {  # name, pytest arguments...
 for step in "$@"; do
   case $step in
     aa*)   for n in 0 2; do run "${step}_n$n" -n "$n" --perfguard --perfguard-against HEAD; done ;;
-    plant) cp kernels/__init__.py "$out/.kernels_init.py"
-           trap 'mv "$out/.kernels_init.py" kernels/__init__.py' EXIT
-           printf '\nimport os as _os\nif _os.environ.get("PLANT_VARIANTS"):\n    import sys as _sys\n    _sys.path.insert(0, "benchmarks")\n    from _plant_kernel import plant as _plant\n\n    _plant(KERNELS)\n' >> kernels/__init__.py
+    plant) suite_plant_on "$out"
            for n in 0 2; do
              PLANT_VARIANTS=triton_flash,cuda_wmma PLANT_X=0.05 run "plant_n$n" -n "$n" --perfguard \
                --perfguard-against HEAD -k "triton_flash or cuda_wmma" --perfguard-no-confirm
            done
-           mv "$out/.kernels_init.py" kernels/__init__.py; trap - EXIT ;;
+           suite_plant_off "$out" ;;
     *) echo "unknown step: $step" >&2; exit 2 ;;
   esac
 done
