@@ -350,8 +350,8 @@ class MeasureConfig:
     warmup_calls: int = 3
     confidence: float = 0.95
     max_copy_bytes: int = 1 << 30  # memory cap for the input copies a sample rotates through
-    # On CUDA, each side's samples spread over MIN_COPIES input copies (_Size.placements). Off only where
-    # no absolute time is kept: an A/B run's head and base share their copies, so placement moves both.
+    # On CUDA, each side's samples spread over MIN_COPIES input copies (_Size.placements). Off only in an
+    # A/B run, whose verdict is the head/base ratio: head and base share their copies, so placement moves both.
     spread_copies: bool = True
     # With a base side (A/B): every `recapture_every` blocks all sides are prepared anew (new graphs on new
     # allocations), in a random order. Placement moves a small kernel's time by more than its in-capture
