@@ -91,6 +91,27 @@ def _flipping(project: pytest.Pytester, flip: str, *, against_too: bool = False)
     return {"PERFGUARD_UPDATE_PROCESSES": "3", "COUNTER_FILE": str(project.path / "counter"), "FLIP": flip}
 
 
+def test_cases_a_process_did_not_record_are_measured_in_one_more_process(project: pytest.Pytester) -> None:
+    """The update's second process fails the fast cases (as one that a foreign load disturbed leaves them
+    out): one make-up process measures them again, so their entries still rest on three processes."""
+    broken = UNSTABLE.replace('FLIP = float(os.environ["FLIP"]) if _N % 2 else 1.0', "WRONG = _N == 1")
+    code = _case().replace('SLOW = float(os.environ.get("PLANT_SLOWDOWN", "1.0"))', broken + "\nSLOW = 1.0")
+    code = code.replace(
+        '"fast": timed(int(1000 * SLOW))',
+        '"fast": timed(1000, fn=(lambda q, k, v, causal: 2 * reference(q, k, v, causal)) if WRONG else reference)',
+    )
+    assert "if WRONG" in code
+    project.makepyfile(test_k=code)
+    env = {"PERFGUARD_UPDATE_PROCESSES": "3", "COUNTER_FILE": str(project.path / "counter")}
+    result = run(project, NO_XDIST, "--perfguard-update-baseline", env=env)
+    result.assert_outcomes(passed=4)
+    result.stdout.no_fnmatch_line("*not recorded by every process*")
+    result.stderr.fnmatch_lines(["*make-up process for the cases a process did not record: 2 case(s)*"])
+    cases = baseline_json(project)["cases"]
+    assert len(cases) == 4 and all(e["runs"] == 3 for e in cases.values()), cases
+    assert (project.path / "counter").read_text() == "4"  # the parent, processes 2 and 3, and the make-up
+
+
 def test_a_case_whose_processes_keep_disagreeing_is_stored_unstable_and_judged_inconclusive(
     project: pytest.Pytester,
 ) -> None:

@@ -740,10 +740,20 @@ class _Tally:
         )
 
 
+# The blocks a disturbed measurement still takes: enough for a median and a rough interval in the report.
+# Timing on to the budget bought nothing: a fresh H100 update with a foreign matmul load on the GPU during its
+# second process spent the full 5 s twice on every case, and the process ran past six minutes
+# (benchmarks/results/stored_baseline_h100_2026-11-26).
+DISTURBED_BLOCKS = 3
+
+
 def _stop_reason(tally: _Tally, size: _Size, cfg: MeasureConfig, n: int, spent_ns: float) -> str | None:
-    """Why the measurement stops after `n` blocks and `spent_ns` of its time, or None to go on: "target" once
-    every interval is narrow enough (after the minimum of blocks and time), "budget" once the budget is spent
-    (after a few blocks at least)."""
+    """Why the measurement stops after `n` blocks and `spent_ns` of its time, or None to go on: "disturbed" once
+    a block saw a disturbance (the caller re-measures or calls the case inconclusive, so more blocks are
+    wasted time), "target" once every interval is narrow enough (after the minimum of blocks and time),
+    "budget" once the budget is spent (after a few blocks at least)."""
+    if tally.notes and n >= DISTURBED_BLOCKS:
+        return "disturbed"
     if n >= size.min_blocks and spent_ns >= cfg.min_time_s * 1e9 and _narrow(tally.blocks, tally.groups, cfg):
         return "target"
     if spent_ns >= cfg.budget_s * 1e9 and n >= min(size.min_blocks, 6):

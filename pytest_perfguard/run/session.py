@@ -537,6 +537,8 @@ def _process_samples(
     ids = [r.id for r in good]
     fresh = _FreshProcesses(state, out, *_aa_settings(state))
     missing = _further_processes(fresh, ids, samples, widths, dev)
+    if missing:
+        missing = _make_up(fresh, missing, samples, widths, dev)
     if missing is None:
         return None
     limits = {case_id: discord_limit(s.margin, state.noise_floor, widths[case_id]) for case_id in ids}
@@ -616,6 +618,29 @@ def _further_processes(
             else:
                 missing.add(case_id)
     return missing
+
+
+def _make_up(
+    fresh: _FreshProcesses,
+    missing: set[str],
+    samples: dict[str, list[bl.ProcessSample]],
+    widths: dict[str, list[float]],
+    dev: str,
+) -> set[str] | None:
+    """The cases some further process did not record (disturbed or failed there), measured in one more fresh
+    process, so that a foreign load during one process costs its cases one sample, not their third. The ids
+    still short of a sample from every process; None when the process failed."""
+    order = [case_id for case_id in samples if case_id in missing]
+    got = fresh.run(order, "make-up process for the cases a process did not record")
+    if got is None:
+        return None
+    want = fresh.state.settings.update_processes
+    for case_id in order:
+        rec = got.get(case_id)
+        if rec is not None and _usable(rec):
+            samples[case_id].append(sample_of(rec, dev))
+            widths[case_id].append(rec.ci_rel or 0.0)
+    return {case_id for case_id in order if len(samples[case_id]) < want}
 
 
 def _remeasure_discordant(

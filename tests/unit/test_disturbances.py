@@ -265,9 +265,12 @@ def test_the_watch_spans_the_timed_blocks_and_its_findings_are_the_measurements_
     notes = _measure(watch)
     assert watch.calls is not None
     assert watch.calls[0] == "start" and watch.calls[-1] == "stop"
-    assert watch.calls.count("block") == 12 and watch.calls.count("start") == 1
+    # the measurement stops at the block that saw the problem: it is re-measured or inconclusive anyway
+    assert watch.calls.count("block") == 3 and watch.calls.count("start") == 1
     assert notes == ["GPU 0 throttled (HW slowdown) during timing", "CPU contended while timing: ..."]
-    assert _measure(Recorder()) == []
+    clean = Recorder()
+    assert _measure(clean) == []
+    assert clean.calls is not None and clean.calls.count("block") == 12
 
 
 # ------------------------------------------------------------------------------------ GPU clock rule

@@ -125,6 +125,39 @@ def test_stops_at_max_blocks() -> None:
     assert (m.stop_reason, m.blocks) == ("max_blocks", 20)
 
 
+def test_a_disturbed_measurement_stops_after_a_few_blocks() -> None:
+    # The caller re-measures a disturbed measurement or calls it inconclusive: timing on to the budget is waste.
+    class Busy:
+        def __init__(self, from_block: int) -> None:
+            self.n, self.from_block = 0, from_block
+
+        def start(self) -> None:
+            pass
+
+        def block(self) -> str | None:
+            self.n += 1
+            return "other compute processes on GPU 0 during timing" if self.n >= self.from_block else None
+
+        def stop(self) -> list[str]:
+            return []
+
+    clock = FakeClock()
+    cfg = MeasureConfig(target=1e-6, budget_s=100.0, min_blocks=6, max_blocks=200)
+    m = measure(
+        kernel(clock, jitter(10_000.0, 0.2, 4)), None, CpuTimer(clock), cfg, rng=random.Random(4), watch=Busy(5)
+    )
+    assert (m.stop_reason, m.blocks) == ("disturbed", 5)
+    assert m.notes == ["other compute processes on GPU 0 during timing"]
+    m = measure(
+        kernel(clock, jitter(10_000.0, 0.2, 4)), None, CpuTimer(clock), cfg, rng=random.Random(4), watch=Busy(1)
+    )
+    assert (m.stop_reason, m.blocks) == ("disturbed", 3)  # still a median and a rough interval for the report
+    m = measure(
+        kernel(clock, jitter(10_000.0, 0.2, 4)), None, CpuTimer(clock), cfg, rng=random.Random(4), watch=Busy(999)
+    )
+    assert (m.stop_reason, m.blocks, m.notes) == ("max_blocks", 200, [])
+
+
 # ----------------------------------------------------------------------------------------------- pairing
 
 
