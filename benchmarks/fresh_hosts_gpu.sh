@@ -11,6 +11,7 @@
 #   poison                an update into benchmarks/out/bl_poisoned with a foreign GPU load (benchmarks/gpu_load.py)
 #                         during its second process only: that process must be outvoted, re-measured or
 #                         kept out as disturbed, and no entry stored slow (compare with the update step's)
+#   pguard<N>             guard against the poisoned update's baseline
 # The baseline lives in benchmarks/out/bl (ignored), so later calls on the same machine find it. Every run's
 # results, log and junit XML go to OUT (default benchmarks/out/hosts), one line each in OUT/runs.txt
 # (benchmarks/_suite.sh). CASES="-k EXPR" (EXPR without spaces) selects cases for every step.
@@ -39,6 +40,7 @@ for step in "$@"; do
     join)   run join --perfguard-update-baseline --perfguard-join --perfguard-baseline-dir="$bl"
             cp "$bl"/*.json "$out/baseline_joined.json" ;;
     guard*) run "$step" --perfguard --perfguard-baseline-dir="$bl" ;;
+    pguard*) run "$step" --perfguard --perfguard-baseline-dir=benchmarks/out/bl_poisoned ;;
     cross*) run "$step" --perfguard --perfguard-baseline-dir="$other" ;;
     plant10) plant plant10 0.10 ;;
     plant05) plant plant05 0.05 ;;
