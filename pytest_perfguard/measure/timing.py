@@ -64,6 +64,11 @@ class Timer(Protocol):
         asks for it (and counts its cost) after the measurement."""
         ...
 
+    def call_bytes(self, call: Call) -> int:
+        """The memory one call holds at its peak beyond what was allocated before it (its output and its
+        workspace): each captured sample keeps that much in its graph's pool."""
+        ...
+
 
 class Watch(Protocol):
     """Watches the machine over a measurement's timed blocks for what makes their times wrong without the
@@ -124,6 +129,9 @@ class CpuTimer:
 
     def overhead_ns(self) -> float:
         return 0.0  # one clock sees everything on the host
+
+    def call_bytes(self, call: Call) -> int:
+        return 0  # host samples are not captured: nothing stays allocated per sample
 
 
 # ---------------------------------------------------------------------------------------------- CUDA
@@ -330,6 +338,17 @@ class CudaTimer:
             end.record()
             end.synchronize()
         return float(start.elapsed_time(end) * 1e6)
+
+    def call_bytes(self, call: Call) -> int:
+        import torch
+
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            call()
+            torch.cuda.synchronize(self.device)
+            return max(0, torch.cuda.max_memory_allocated(self.device) - before)
 
 
 # -------------------------------------------------------------------------------------------- engine
@@ -602,6 +621,11 @@ def _size(
         for call in firsts.values():
             call()
     single = max(min(timer.single_call_ns(call) for _ in range(3)) for call in firsts.values())
+    # A copy costs its inputs and what a captured call keeps in its graph's pool (output and workspace).
+    # Counting the inputs alone, torch_hybrid S4096 (8 GB of scores per call) got five placements per side,
+    # and an update's A/A processes, with three sides, ran out of memory on an H100 and left the case out
+    # (benchmarks/results/stored_baseline_h100_2026-11-26).
+    bytes_per_copy += max(timer.call_bytes(call) for call in firsts.values())
     reps = copies if copies is not None else choose_reps(single, cfg, bytes_per_copy)
     if copies is None and timer.kind == "cuda":
         # Always from replays: one launch on an idle queue can read 200 us or more for a 6-30 us kernel,

@@ -334,8 +334,9 @@ class LaunchBoundTimer:
 
     kind = "cuda"
 
-    def __init__(self, clock: FakeClock, launch_ns: float, replay_ns: float) -> None:
+    def __init__(self, clock: FakeClock, launch_ns: float, replay_ns: float, workspace: int = 0) -> None:
         self.clock, self.launch_ns, self.replay_ns = clock, launch_ns, replay_ns
+        self.workspace = workspace
 
     def prepare(self, calls: Sequence[Callable[[], object]]) -> Any:
         timer = self
@@ -363,6 +364,9 @@ class LaunchBoundTimer:
 
     def overhead_ns(self) -> float:
         return 0.0
+
+    def call_bytes(self, call: Callable[[], object]) -> int:
+        return self.workspace
 
 
 def test_reps_come_from_replays_not_from_one_launch_on_an_idle_queue() -> None:
@@ -436,6 +440,25 @@ def test_a_long_kernel_is_timed_over_several_placements_not_the_first_one_alone(
     aa = measure(variant, kernel(clock, lambda: 1_000_000.0), timer, cfg, rng=random.Random(5), base=placed)
     assert used == set(range(MIN_COPIES))
     assert aa.time.estimate == pytest.approx(1_100_000.0, rel=0.001)
+
+
+def test_a_call_whose_workspace_fills_the_copy_budget_keeps_one_placement() -> None:
+    """torch_hybrid at S4096: 192 MB of inputs, and each captured call keeps 8 GB of scores in its graph's
+    pool. Counted by its inputs it got five placements per side, and three sides of those ran an H100 out of
+    memory; counted with its workspace it keeps one."""
+    clock = FakeClock()
+    cfg = MeasureConfig(target=0.5, budget_s=1.0)
+    used: set[int] = set()
+
+    def variant(i: int) -> Callable[[], object]:
+        used.add(i)
+        return kernel(clock, lambda: 2_000_000.0)(i)
+
+    for workspace, copies in ((0, 5), (8 << 30, 1)):
+        used.clear()
+        timer = LaunchBoundTimer(clock, launch_ns=0.0, replay_ns=0.0, workspace=workspace)
+        m = measure(variant, None, timer, cfg, rng=random.Random(5), bytes_per_copy=192 << 20)
+        assert (m.reps, len(used)) == (1, copies), workspace
 
 
 class _Output:
