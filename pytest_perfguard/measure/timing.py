@@ -622,9 +622,9 @@ def _size(
             call()
     single = max(min(timer.single_call_ns(call) for _ in range(3)) for call in firsts.values())
     # A copy costs its inputs and what a captured call keeps in its graph's pool (output and workspace).
-    # Counting the inputs alone, torch_hybrid S4096 (8 GB of scores per call) got five placements per side,
-    # and an update's A/A processes, with three sides, ran out of memory on an H100 and left the case out
-    # (benchmarks/results/stored_baseline_h100_2026-11-26).
+    # Counting the inputs alone, torch_hybrid S4096 (GBs of fp32 scores per call) got five placements per
+    # side, and an update's A/A processes, with three sides, left the case out on H100s: by all signs out of
+    # memory (benchmarks/results/timing_fixes_h100_2026-11-26, hosts H and I).
     bytes_per_copy += max(timer.call_bytes(call) for call in firsts.values())
     reps = copies if copies is not None else choose_reps(single, cfg, bytes_per_copy)
     if copies is None and timer.kind == "cuda":
@@ -767,7 +767,7 @@ class _Tally:
 # The blocks a disturbed measurement still takes: enough for a median and a rough interval in the report.
 # Timing on to the budget bought nothing: a fresh H100 update with a foreign matmul load on the GPU during its
 # second process spent the full 5 s twice on every case, and the process ran past six minutes
-# (benchmarks/results/stored_baseline_h100_2026-11-26).
+# (benchmarks/results/timing_fixes_h100_2026-11-26, hosts H and I).
 DISTURBED_BLOCKS = 3
 
 
