@@ -610,13 +610,27 @@ def _further_processes(
         got = fresh.run(order, f"update process {n + 2} of {n_processes} ({direction} order)")
         if got is None:
             return None
-        for case_id in ids:
-            rec = got.get(case_id)
-            if rec is not None and _usable(rec):
-                samples[case_id].append(sample_of(rec, dev))
-                widths[case_id].append(rec.ci_rel or 0.0)
-            else:
-                missing.add(case_id)
+        missing |= _add_samples(got, ids, samples, widths, dev)
+    return missing
+
+
+def _add_samples(
+    got: dict[str, CaseRecord],
+    ids: list[str],
+    samples: dict[str, list[bl.ProcessSample]],
+    widths: dict[str, list[float]],
+    dev: str,
+) -> set[str]:
+    """One fresh process's records added to the cases they give a sample (_usable): its median and its in-run
+    width. The ids it did not record."""
+    missing = set()
+    for case_id in ids:
+        rec = got.get(case_id)
+        if rec is not None and _usable(rec):
+            samples[case_id].append(sample_of(rec, dev))
+            widths[case_id].append(rec.ci_rel or 0.0)
+        else:
+            missing.add(case_id)
     return missing
 
 
@@ -634,12 +648,8 @@ def _make_up(
     got = fresh.run(order, "make-up process for the cases a process did not record")
     if got is None:
         return None
+    _add_samples(got, order, samples, widths, dev)
     want = fresh.state.settings.update_processes
-    for case_id in order:
-        rec = got.get(case_id)
-        if rec is not None and _usable(rec):
-            samples[case_id].append(sample_of(rec, dev))
-            widths[case_id].append(rec.ci_rel or 0.0)
     return {case_id for case_id in order if len(samples[case_id]) < want}
 
 
