@@ -256,12 +256,20 @@ def lock_file(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def locked(path: Path, timeout: float = LOCK_TIMEOUT_S, error: type[JSONFileError] = JSONFileError) -> Iterator[None]:
-    """Inter-process lock on a file, so concurrent update runs (xdist, CI shards) lose nothing."""
+def locked(
+    path: Path,
+    timeout: float = LOCK_TIMEOUT_S,
+    error: type[JSONFileError] = JSONFileError,
+    *,
+    lock_at: Path | None = None,
+) -> Iterator[None]:
+    """Inter-process lock on a file, so concurrent update runs (xdist, CI shards) lose nothing. The lock file
+    is `lock_at` where given (beside what it guards, in a folder that processes with different temp dirs
+    share), else in the per-user lock folder (lock_file)."""
     if not path.parent.is_dir():
         raise error(f"{path}: folder {path.parent} does not exist; create it (mkdir -p {path.parent}) and run again")
     try:
-        where = lock_file(path)
+        where = lock_at if lock_at is not None else lock_file(path)
     except LockError as exc:
         raise error(f"{path}: {exc.strerror}") from None
     except OSError as exc:

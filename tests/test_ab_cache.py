@@ -196,6 +196,24 @@ def test_stale_temp_trees_are_swept(repo: Path, cache: Path) -> None:
     assert not stale.exists() and not other.exists()
 
 
+def test_an_extraction_under_way_is_not_swept_by_a_process_with_another_temp_dir(
+    repo: Path, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two jobs share the cache folder but not their temp dir (where the per-user lock folder lives): the
+    tree's lock is in the cache folder, so the second job sees the first one's extraction as running."""
+    sha = _git(repo, "rev-parse", "HEAD")
+    base = cache / "base"
+    base.mkdir(parents=True, mode=0o700)
+    running = base / f".{sha}.abc123.tmp"
+    running.mkdir()
+    monkeypatch.setenv(locks.LOCK_DIR_ENV, str(tmp_path / "job1"))
+    with ab._tree_lock(base, sha, timeout=0):  # job 1 extracts (a second open file: flock sees another holder)
+        monkeypatch.setenv(locks.LOCK_DIR_ENV, str(tmp_path / "job2"))
+        assert ab.sweep_temp_trees(base) == []
+        assert running.exists()
+    assert ab.sweep_temp_trees(base) == [running]  # once no one holds it, it is a killed extraction's
+
+
 def test_unused_trees_are_evicted(repo: Path, cache: Path) -> None:
     first = _git(repo, "rev-parse", "HEAD")
     (repo / "kern.py").write_text("def kern(x):\n    return 2 * x\n")

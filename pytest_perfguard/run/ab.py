@@ -36,6 +36,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -268,7 +269,7 @@ def materialise(
     sweep_temp_trees(folder)
     target = folder / sha
     try:
-        with locked(folder / f"{sha}.tree", timeout=600):
+        with _tree_lock(folder, sha, timeout=600):
             problem = verify_tree(folder, sha, tree_id, top)
             if problem is None:
                 os.utime(_manifest_path(folder, sha))  # last used: eviction counts from here
@@ -492,6 +493,15 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
+def _tree_lock(folder: Path, sha: str, *, timeout: float) -> AbstractContextManager[None]:
+    """The lock of one revision's cached tree, in the cache folder itself: the folder is what processes
+    share (PERFGUARD_CACHE_DIR), while their temp dirs, where the per-user lock folder lives, can differ, and
+    two processes with different lock folders would each take the tree as free and sweep the other's
+    half-extracted tree as a killed extraction's. A sharded run under act (tests/test_workflows.py) once lost
+    a shard so: its extraction failed with "No such file or directory"."""
+    return locked(folder / f"{sha}.tree", timeout=timeout, lock_at=folder / f".{sha}.lock")
+
+
 def sweep_temp_trees(folder: Path) -> list[Path]:
     """Remove temp trees that a killed extraction left: one whose revision's lock is free is no one's."""
     removed: list[Path] = []
@@ -500,7 +510,7 @@ def sweep_temp_trees(folder: Path) -> list[Path]:
             continue
         sha = entry.name[1:].split(".", 1)[0]
         try:
-            with locked(folder / f"{sha}.tree", timeout=0):
+            with _tree_lock(folder, sha, timeout=0):
                 _remove(entry)
                 removed.append(entry)
         except (JSONFileError, OSError):
@@ -524,7 +534,7 @@ def evict_trees(folder: Path, keep_days: float, keep: str = "") -> list[str]:
         try:
             if (manifest if manifest.exists() else tree).lstat().st_mtime >= cutoff:
                 continue
-            with locked(folder / f"{sha}.tree", timeout=0):
+            with _tree_lock(folder, sha, timeout=0):
                 if tree.exists() or tree.is_symlink():
                     _remove(tree)
                 with contextlib.suppress(FileNotFoundError):
