@@ -207,6 +207,14 @@ SPECS: tuple[Spec, ...] = (
         "checkout; costs about 1.4x the time of those processes)",
     ),
     Spec(
+        "ab_case_offset",
+        "bool",
+        True,
+        "count a case's own A/A readings in the baseline file in its A/B gate: where they scatter more than the "
+        "device's per-process offset, a head/base difference that the case's offset can explain is not called "
+        "regressed or faster, and the MDE says how much it can hide",
+    ),
+    Spec(
         "cache_days",
         "float",
         30.0,
@@ -314,6 +322,7 @@ class Settings:
     ab_process_sd: float = _default("ab_process_sd")
     ab_small_process_sd: float = _default("ab_small_process_sd")
     ab_offset_fit: bool = _default("ab_offset_fit")
+    ab_case_offset: bool = _default("ab_case_offset")
     cache_days: float = _default("cache_days")
     baseline_dir: Path = Path(_default("baseline_dir"))
     margin: float = _default("margin")

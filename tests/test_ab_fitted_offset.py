@@ -161,12 +161,34 @@ def test_an_update_stores_a_readings_and_later_ab_runs_count_their_fit(
         # the MDE counts the fitted offset: the cases cannot see their +3% promise
         assert all(mde > 0.06 for mde in _ab_mdes(repo).values()), (mode, _ab_mdes(repo))
 
-    # A value set by the user wins over the fit, and the header says so.
-    result = run(repo, MODES["no-xdist"], *args, "-k", "a-8", "--perfguard-ab-small-process-sd", "0")
+    # A value set by the user wins over the fit, and the header says so. It sets the pooled value: each case's
+    # own readings (+3% here) still count unless turned off too.
+    user = (*args, "-k", "a-8", "--perfguard-ab-small-process-sd", "0")
+    result = run(repo, MODES["no-xdist"], *user, "--perfguard-no-ab-case-offset")
     result.stdout.fnmatch_lines(
         ["perfguard: A/B per-process offset under 20 us: 0.00%, as set (--perfguard-ab-small-process-sd, *"]
     )
     assert all(mde <= 0.03 + 1e-9 for mde in _ab_mdes(repo).values())
+    run(repo, MODES["no-xdist"], *user)
+    assert all(mde > 0.03 for mde in _ab_mdes(repo).values())
+
+    # A case's own readings (policy.case_offset): case a-8 keeps its +3% readings, every other case's become
+    # quiet, so the file's fit falls and a-8 stands out. With the 3% planted between the loaded copies in the
+    # A/B run too, the quiet cases regress (and a fresh process confirms it); a-8 is not claimed regressed.
+    doc = json.loads(path.read_text())
+    for case_id, entry in doc["cases"].items():
+        for sample in entry["samples"] if "a-8" not in case_id else []:
+            if sample["aa_ratio"] is not None:
+                sample["aa_ratio"], sample["aa_ci"] = 1.0, [0.999, 1.001]
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("PLANT_AA_OFFSET", "1")
+    result = run(repo, MODES["no-xdist"], *args)
+    verdicts = {str(r["id"]).split("[")[1].rstrip("]"): r for r in _results(repo)["results"]}  # type: ignore[attr-defined]
+    assert verdicts["a-8"]["verdict"] == "inconclusive", verdicts["a-8"]["reasons"]
+    assert any("not claimed: this case's own per-process offset" in r for r in verdicts["a-8"]["reasons"])
+    regressed = [name for name, r in verdicts.items() if r["verdict"] == "regressed"]
+    assert len(regressed) >= 4 and "a-8" not in regressed, {n: r["verdict"] for n, r in verdicts.items()}
+    assert result.ret == 1
 
 
 def test_uncommitted_changes_keep_the_update_from_timing_a_a(repo: pytest.Pytester) -> None:

@@ -262,6 +262,28 @@ def fit_process_offset(
     return OffsetFit(fit=fit, bound=max(bound, fit), readings=n, dof=dof)
 
 
+# A case's own offset. The pooled fit above clips the cases whose two loaded copies differ most, and the A/B
+# margin absorbs the pooled value; but those cases keep their offset. cuda_scalar B8 H8 S256 read head/base
+# +4.0% on unchanged code in one process on a two-H100 host and +4.1% in its fresh confirmation, one false
+# alarm in 392 verdicts (benchmarks/results/two_gpu_h100_2026-11-26), while host H's update stored A/A readings
+# of -0.2% and +3.4% for it. A case's stored readings therefore widen its own A/B decision, shrunk toward the
+# pooled offset with the weight of this many readings: two readings alone would give the bound a t quantile
+# of 6.3, and the pooled value is the better guess for a case that read quiet twice.
+AB_CASE_PRIOR_READINGS = 4
+
+
+def case_offset(pooled: float, readings: Sequence[tuple[float, float]], prior: int = AB_CASE_PRIOR_READINGS) -> float:
+    """A case's per-process A/B offset from its own A/A readings (e, s): the mean of e^2 - s^2 (the scatter
+    beyond each reading's in-process sd, never below 0) over the readings and ``prior`` pseudo-readings at the
+    pooled offset, as an sd; never below ``pooled``, so that a case's readings can only widen its gate."""
+    if pooled < 0 or prior < 0:
+        raise ValueError(f"need pooled >= 0 and prior >= 0, got {pooled}, {prior}")
+    if not readings:
+        return pooled
+    excess = math.fsum(max(e * e - s * s, 0.0) for e, s in readings)
+    return max(pooled, math.sqrt((prior * pooled * pooled + excess) / (prior + len(readings))))
+
+
 # A regression seen in the guard's process that its fresh-process confirmation does not repeat: the two
 # processes are judged together, their mean against the bound for a mean of this many new processes. On
 # freshly started H100s 11 of 294 unchanged verdicts were inconclusive because one process read a case

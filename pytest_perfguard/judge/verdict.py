@@ -171,12 +171,14 @@ def minimum_detectable_effect(
     confirm: bool = False,
     power: float = MDE_POWER,
     process_sd: float = 0.0,
+    widen: float = 0.0,
 ) -> float | None:
     """The smallest true slowdown (a fraction) that a gate fails on with probability `power`; see the
     module docstring. dec: the decision interval (log scale); noise: the between-run sd of ln(time) that the
     gate's margin is set from; runs: the update runs in the stored centre; process_sd: an offset of its own
-    that each process adds and its interval does not sample (the A/B gate's, settings.AB_PROCESS_SD). None
-    without a decision interval (no baseline) or with an unbounded one (too few blocks for the confidence).
+    that each process adds and its interval does not sample (the A/B gate's, settings.AB_PROCESS_SD); widen:
+    what the gate adds to the decision interval's lower half-width for it (ab_gate). None without a decision
+    interval (no baseline) or with an unbounded one (too few blocks for the confidence).
     """
     if not 0.0 < power < 1.0:
         raise ValueError(f"power must be between 0 and 1, got {power}")
@@ -186,7 +188,7 @@ def minimum_detectable_effect(
     s = h / normal_quantile(0.5 + dec.confidence / 2)
     b = math.hypot(noise * math.sqrt(1.0 + 1.0 / min(max(runs, 1), MAX_SAMPLES)), process_sd)
     p = math.sqrt(power) if confirm else power
-    return math.expm1(tau + h + normal_quantile(p) * math.hypot(s, b))
+    return math.expm1(tau + h + widen + normal_quantile(p) * math.hypot(s, b))
 
 
 def ab_progress(
@@ -506,17 +508,37 @@ def _max_ratio_gate(log_r: Interval, log_r_dec: Interval, max_ratio: float) -> G
     return Gate("max_ratio", status, r.estimate, r.lo, r.hi, max_ratio, reason)
 
 
-def ab_gate(group_ratios: Sequence[float], policy: Policy, margin: float, process_sd: float = 0.0) -> Gate:
+def ab_gate(
+    group_ratios: Sequence[float],
+    policy: Policy,
+    margin: float,
+    process_sd: float = 0.0,
+    absorbed: float | None = None,
+) -> Gate:
     """Head against its base revision, measured in the same blocks: the per-capture-group ratios decide.
     No stored figure enters, so no between-run noise either: the margin only has to cover what differs
     between two loaded copies of the same code (placement). The groups sample placement within the
-    process; `process_sd` is the offset each process adds on top, which they cannot sample: the margin
-    absorbs it in the decision, and the MDE counts it, so that the detection it promises holds."""
+    process; `process_sd` is the offset each process adds on top, which they cannot sample, and the MDE
+    counts it, so that the detection it promises holds. The margin absorbs `absorbed` of it (the pooled
+    offset it was set for; default all of it); the rest, a case's own offset beyond the pooled one
+    (policy.case_offset), widens the interval that a regression or a speed-up must clear, so that such a
+    case is not called regressed or faster by its offset alone. A pass needs what any case's pass needs."""
     tau = math.log1p(margin)
     shown = log_interval(group_ratios)
     dec = log_interval(group_ratios, policy.decision_confidence)
-    gate = _judge("ab", dec, shown, tau, "time vs base revision", than="the base revision", hint="")
-    gate.mde = minimum_detectable_effect(dec, tau, 0.0, 1, confirm=policy.confirm, process_sd=process_sd)
+    own = math.sqrt(max(process_sd**2 - (process_sd if absorbed is None else absorbed) ** 2, 0.0))
+    wide = combine_difference(dec, 0.0, normal_quantile(0.5 + dec.confidence / 2) * own) if own > 0 else dec
+    gate = _judge("ab", wide, shown, tau, "time vs base revision", than="the base revision", hint="")
+    if own > 0:
+        # The offset stands in the way of a claim (regressed, faster), not of a pass: a reading within the
+        # margin in this process passes, as for any case, and the MDE says how much the offset can hide.
+        within = _judge("ab", dec, shown, tau, "time vs base revision", than="the base revision", hint="")
+        if gate.status is INCONCLUSIVE and within.status is PASS:
+            gate = within
+        elif within.status is not gate.status:
+            gate.reason += f"; not claimed: this case's own per-process offset reaches {own:.2%} beyond the pooled one"
+    widen = (wide.estimate - wide.lo) - (dec.estimate - dec.lo)
+    gate.mde = minimum_detectable_effect(dec, tau, 0.0, 1, confirm=policy.confirm, process_sd=process_sd, widen=widen)
     return gate
 
 

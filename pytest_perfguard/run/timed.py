@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ..judge import baseline as bl
+from ..judge.policy import case_offset
 from ..judge.stats import relative_half_width
 from ..judge.verdict import Verdict, ab_gate, ab_progress, decide, unpaired_gate
 from ..measure import integrity
@@ -197,13 +198,26 @@ class TimedStep:
             policy = self.state.policy()
             ratios = m.ab_ratios()
             gate = (
-                ab_gate(ratios, policy, s.ab_margin_for(m.time.estimate), s.ab_process_sd_for(m.time.estimate))
+                ab_gate(ratios, policy, s.ab_margin_for(m.time.estimate), *self._ab_offset(m.time.estimate))
                 if twin.ok
                 else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
             )
             verdict.gates.insert(0, gate)
             verdict.deciding = frozenset({"ab", "max_ratio"})
         return verdict
+
+    def _ab_offset(self, time_ns: float) -> tuple[float, float]:
+        """The A/B gate's per-process offset for this case, and the part of it that the margin absorbs (the
+        pooled one, settings.ab_process_sd_for, fitted, built-in or set): the case's own, from the A/A
+        readings its stored entry holds (policy.case_offset), which can only widen it; off with
+        settings.ab_case_offset. A fresh process (confirmation) reads the same file and comes to the same
+        value."""
+        pooled = self.state.settings.ab_process_sd_for(time_ns)
+        stored = self.stored()
+        if stored is None or not self.state.settings.ab_case_offset:
+            return pooled, pooled
+        readings = [r for r in (sample.aa_reading for sample in stored.samples) if r is not None]
+        return case_offset(pooled, readings), pooled
 
     def _env(self, trial: Trial) -> dict[str, str]:
         info = self.state.device_info
