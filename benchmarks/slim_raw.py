@@ -4,7 +4,11 @@ reasons and sample sizes (not their per-block times, checks or environment); eac
 its processes' medians; JUnit XML and NVML traces go. Logs and small text files stay. The whole archive stays
 in the commit that added it: name that commit in the summary.
 
-    python benchmarks/slim_raw.py ARCHIVE.tar.xz [--out SLIM.tar.xz]   (default: replace ARCHIVE)
+    python benchmarks/slim_raw.py ARCHIVE.tar.xz [--out SLIM.tar.xz] [--keep FIELD ...]   (default: replace ARCHIVE)
+
+`--keep` keeps more of each case, for archives that a test reads (e.g. `gates`, which
+benchmarks/ab_campaign.py reads for the offset fit). `--no-group-ratios` also drops the A/B capture-group
+ratios (most of an A/B results file), for an archive whose figures no test or script recomputes.
 """
 
 from __future__ import annotations
@@ -44,9 +48,13 @@ DROP_SUFFIXES = (".xml", "nvml_update.csv")
 BIG_LOG = 64 << 10  # a log over this size keeps its perfguard lines and its last lines
 
 
-def slim_results(doc: dict[str, Any]) -> dict[str, Any]:
+def slim_results(doc: dict[str, Any], keep: tuple[str, ...] = KEEP, group_ratios: bool = True) -> dict[str, Any]:
     out = {k: v for k, v in doc.items() if k != "results"}
-    out["results"] = [{k: r[k] for k in KEEP if k in r} for r in doc["results"]]
+    out["results"] = [{k: r[k] for k in keep if k in r} for r in doc["results"]]
+    if not group_ratios:
+        for r in out["results"]:
+            if isinstance(r.get("ab"), dict):
+                r["ab"] = {k: v for k, v in r["ab"].items() if k not in ("group_ratios", "groups")}
     return out
 
 
@@ -72,7 +80,9 @@ def baseline_csv(doc: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
-def slim_member(name: str, data: bytes) -> tuple[str, bytes] | None:
+def slim_member(
+    name: str, data: bytes, keep: tuple[str, ...] = KEEP, group_ratios: bool = True
+) -> tuple[str, bytes] | None:
     """The slim form of one file of the archive: (name, bytes), or None to leave it out."""
     if name.endswith(DROP_SUFFIXES):
         return None
@@ -82,7 +92,7 @@ def slim_member(name: str, data: bytes) -> tuple[str, bytes] | None:
         except ValueError:
             return name, data
         if isinstance(doc, dict) and isinstance(doc.get("results"), list):
-            return name, json.dumps(slim_results(doc), separators=(",", ":")).encode()
+            return name, json.dumps(slim_results(doc, keep, group_ratios), separators=(",", ":")).encode()
         if isinstance(doc, dict) and isinstance(doc.get("cases"), dict) and "device" in doc:
             return name[: -len(".json")] + "_processes.csv", baseline_csv(doc).encode()
         return name, data
@@ -93,8 +103,8 @@ def slim_member(name: str, data: bytes) -> tuple[str, bytes] | None:
     return name, data
 
 
-def slim(src: Path, dst: Path) -> tuple[int, int]:
-    """Write the slim archive; the sizes before and after."""
+def slim(src: Path, dst: Path, keep: tuple[str, ...] = KEEP, group_ratios: bool = True) -> tuple[int, int]:
+    """Write the slim archive, each case cut to `keep`; the sizes before and after."""
     members: list[tuple[str, bytes]] = []
     with tarfile.open(src, "r:xz") as tar:
         for info in tar.getmembers():
@@ -103,7 +113,7 @@ def slim(src: Path, dst: Path) -> tuple[int, int]:
             f = tar.extractfile(info)
             if f is None:
                 continue
-            got = slim_member(info.name, f.read())
+            got = slim_member(info.name, f.read(), keep, group_ratios)
             if got is not None:
                 members.append(got)
     raw = io.BytesIO()
@@ -121,8 +131,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("archive", type=Path)
     ap.add_argument("--out", type=Path, help="where to write (default: replace the archive)")
+    ap.add_argument("--keep", action="append", default=[], help="a further field of each case to keep")
+    ap.add_argument("--no-group-ratios", action="store_true", help="drop the A/B capture-group ratios too")
     args = ap.parse_args()
-    before, after = slim(args.archive, args.out or args.archive)
+    before, after = slim(args.archive, args.out or args.archive, KEEP + tuple(args.keep), not args.no_group_ratios)
     print(f"{args.archive}: {before / 1e3:.0f} kB -> {after / 1e3:.0f} kB", file=sys.stderr)
     return 0
 

@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 from benchmarks.ab_rotation_table import process_ratios
-from benchmarks.slim_raw import BIG_LOG, slim
+from benchmarks.slim_raw import BIG_LOG, KEEP, slim
 
 RESULT = {
     "id": "tests/perf/test_attention.py::test_attention_grid[cuda_scalar-B8-H8-S256]",
@@ -86,6 +86,17 @@ def test_the_cut_keeps_what_figures_read_and_drops_the_rest(tmp_path: Path) -> N
     cut = got["host/update.log"].decode().splitlines()
     assert cut[0] == "perfguard: baseline written" and cut[-1] == "line 19999" and len(cut) == 42
     assert got["host/runs.txt"] == b"guard1: rc=1\n"
+
+
+def test_a_deeper_cut_drops_the_group_ratios_and_a_test_s_archive_keeps_more(tmp_path: Path) -> None:
+    src = tmp_path / "raw.tar.xz"
+    _archive(src, {"host/aa.json": json.dumps({"results": [{**RESULT, "gates": [{"gate": "ab"}]}]}).encode()})
+    slim(src, tmp_path / "deep.tar.xz", group_ratios=False)
+    (r,) = json.loads(_read(tmp_path / "deep.tar.xz")["host/aa.json"])["results"]
+    assert r["ab"] == {"against": "HEAD", "sha": "abc"} and r["verdict"] == "regressed" and "gates" not in r
+    slim(src, tmp_path / "kept.tar.xz", (*KEEP, "gates"))
+    (r,) = json.loads(_read(tmp_path / "kept.tar.xz")["host/aa.json"])["results"]
+    assert r["gates"] == [{"gate": "ab"}] and r["ab"]["group_ratios"] == [1.03, 1.032]
 
 
 def test_the_rotation_table_reads_a_process_s_head_base_as_its_groups_geometric_mean(tmp_path: Path) -> None:
