@@ -530,14 +530,7 @@ def measure(
     while len(tally.blocks["v"]) < cfg.max_blocks:
         n = len(tally.blocks["v"])
         if size.every and n and n % size.every == 0:
-            # Free the old graphs first: two sets of captures of a large case need twice the memory. Their
-            # kept outputs go too: a graph's memory pool lives while any tensor from it does (the new
-            # captures keep new ones). With them kept, an H100 worker timing torch_hybrid S4096 under A/B held
-            # 52 GB in graph pools and ran out of memory (benchmarks/results/two_gpu_h100_2026-11-26).
-            samples.clear()
-            for outputs in kept.values():
-                outputs.clear()
-            samples = _prepared(makers, timer, rng, size)
+            samples = _recaptured(samples, kept, makers, timer, rng, size)
         tally.block(samples, rng, size, n)
         if on_block is not None:
             tally.seen(on_block())
@@ -564,6 +557,25 @@ def measure(
         kept["v"],
         base is not None,
     )
+
+
+def _recaptured(
+    samples: dict[str, PreparedSample],
+    kept: dict[str, dict[int, object]],
+    makers: dict[str, Callable[[int], Call]],
+    timer: Timer,
+    rng: random.Random,
+    size: _Size,
+) -> dict[str, PreparedSample]:
+    """Every side captured afresh (the A/B gate's capture groups). The old graphs go first: two sets of
+    captures of a large case need twice the memory. Their kept outputs go too: a graph's memory pool lives
+    while any tensor from it does (the new captures keep new ones). With them kept, an H100 worker timing
+    torch_hybrid S4096 under A/B held 52 GB in graph pools and ran out of memory
+    (benchmarks/results/two_gpu_h100_2026-11-26)."""
+    samples.clear()
+    for outputs in kept.values():
+        outputs.clear()
+    return _prepared(makers, timer, rng, size)
 
 
 def _keeping_outputs(

@@ -255,3 +255,34 @@ def test_a_cycle_is_found_and_a_downward_import_is_not_a_problem(tmp_path: Path)
     graph, lines = import_graph(package)
     assert upward_imports(graph, lines, FLOORS) == []
     assert cycles(graph) == [[f"{ROOT}.run.confirm", f"{ROOT}.run.session", f"{ROOT}.run.confirm"]]
+
+
+# The longest function the package may hold, its docstring aside: a longer one does several things, which
+# belong in functions of their own (the measurement loop is the longest, at about 50).
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(package: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = node.body[0]
+                doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                lines -= ((first.end_lineno or first.lineno) - first.lineno + 1) if doc else 0
+                if lines > limit:
+                    out.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name}: {lines} lines")
+    return out
+
+
+def test_no_function_is_longer_than_the_limit() -> None:
+    assert long_functions(PACKAGE) == []
+
+
+def test_a_long_function_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (pkg / "m.py").write_text(f'def short():\n    """doc"""\n    return 1\n\n\ndef long():\n    """doc"""\n{body}\n')
+    assert long_functions(pkg) == ["pkg/m.py:6 long: 62 lines"]
