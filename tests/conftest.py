@@ -97,3 +97,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import WorkStealingScheduling
 
     return WorkStealingScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: the end-to-end tests (marked slow, those that run act first among them) before
+    the others, each group in its own order. A worker runs the tests it is given in the order collected, and
+    an idle one takes the queued tests of another from their end: with the long tests first, the last ones
+    left are short, and neither core waits for the other through a minute-long test at the end of the run."""
+    if not hasattr(config, "workerinput"):
+        return
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is None:
+            return 2
+        return 0 if item.path.name == "test_workflows.py" else 1
+
+    items.sort(key=rank)
