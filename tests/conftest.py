@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,22 @@ if "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
+# Bytecode for the processes this suite starts (xdist workers, pytester subprocesses, fresh confirmation
+# and update processes, act jobs): a few hundred of them, each importing torch and the plugin. Where the
+# environment sets PYTHONDONTWRITEBYTECODE (the machines this suite was profiled on do) over a venv that
+# pip installed with --no-compile (.ci/run), no .pyc is ever written: each of them compiled torch's
+# sources again, about 6 s of CPU an import instead of 2.5 s. Then the compiled files go to a folder of the
+# suite's own, removed at its end, so nothing is written beside the sources; the first process to import
+# a module compiles it for all the others.
+PYCACHE_ENV = "PYTHONPYCACHEPREFIX"
+_PYCACHE_DIR: str | None = None
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get(PYCACHE_ENV):
+    _PYCACHE_DIR = tempfile.mkdtemp(prefix="perfguard-test-pycache-")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ[PYCACHE_ENV] = _PYCACHE_DIR
+    sys.pycache_prefix = _PYCACHE_DIR
+    sys.dont_write_bytecode = False
+
 
 @pytest.fixture(autouse=True)
 def _not_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,6 +55,9 @@ def _not_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """The device and file locks of the runs this suite starts live in a folder of the suite's own (xdist
     workers inherit it), so they never wait on another pytest session of this machine, or it on them."""
+    if _PYCACHE_DIR is not None:  # set by this process (the xdist controller), not inherited
+        pycache = _PYCACHE_DIR
+        config.add_cleanup(lambda: shutil.rmtree(pycache, ignore_errors=True))
     if LOCK_DIR_ENV not in os.environ:
         folder = tempfile.mkdtemp(prefix="perfguard-test-locks-")
         os.environ[LOCK_DIR_ENV] = folder
@@ -77,3 +97,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import WorkStealingScheduling
 
     return WorkStealingScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: the end-to-end tests (marked slow, those that run act first among them) before
+    the others, each group in its own order. A worker runs the tests it is given in the order collected, and
+    an idle one takes the queued tests of another from their end: with the long tests first, the last ones
+    left are short, and neither core waits for the other through a minute-long test at the end of the run."""
+    if not hasattr(config, "workerinput"):
+        return
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is None:
+            return 2
+        return 0 if item.path.name == "test_workflows.py" else 1
+
+    items.sort(key=rank)

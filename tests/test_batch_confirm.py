@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 import pytest
-from test_plugin import CONFTEST, MODES, _case, record_baseline, run
+from test_plugin import CONFTEST, MODES, NO_N0, _case, record_baseline, run
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end, with fresh processes
@@ -117,6 +117,7 @@ def _text(result: pytest.RunResult) -> str:
     return " ".join(result.stdout.str().split())
 
 
+@NO_N0
 def test_regressions_past_the_single_confirmations_are_confirmed_together(
     project: pytest.Pytester, mode: list[str]
 ) -> None:
@@ -146,6 +147,7 @@ def test_regressions_past_the_single_confirmations_are_confirmed_together(
     assert f"confirmed together in one fresh process per session or xdist worker: {len(batched)} inconclusive" in text
 
 
+@NO_N0
 def test_a_regression_confirmed_by_the_batch_fails_with_its_reason(project: pytest.Pytester, mode: list[str]) -> None:
     """Slower in every process, no single confirmations at all: the batch confirms every case, and the
     items fail with the batch's confirmation in the reason, in pytest's outcome and in the results file."""
@@ -217,8 +219,17 @@ def test_a_batch_past_its_measurement_bound_leaves_the_rest_standing_and_says_so
     )
 
 
+# Both sides of the threshold without xdist; under -n 2 (a worker's confirmation) one of them: the rule is the
+# same arithmetic in every mode.
 @pytest.mark.parametrize(
-    ("once", "verdict", "word"), [("1.4", "pass", "within"), ("1.8", "inconclusive", "beyond")], ids=["pass", "incon"]
+    ("mode", "once", "verdict", "word"),
+    [
+        ("no-xdist", "1.4", "pass", "within"),
+        ("no-xdist", "1.8", "inconclusive", "beyond"),
+        ("n2", "1.8", "inconclusive", "beyond"),
+    ],
+    ids=["no-xdist-pass", "no-xdist-incon", "n2-incon"],
+    indirect=["mode"],
 )
 def test_against_a_stored_sample_two_processes_are_judged_together(
     project: pytest.Pytester, mode: list[str], once: str, verdict: str, word: str

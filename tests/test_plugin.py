@@ -97,6 +97,18 @@ def mode(request: pytest.FixtureRequest) -> list[str]:
     return MODES[request.param]
 
 
+# The tests whose runs start fresh processes (a confirmation, an update's further processes), seconds of CPU
+# each, run without xdist and with two workers only. Under -n 0 the session is the no-xdist one (xdist loaded,
+# no worker; the records never travel), and the one thing -n 0 changes for them, the "-n 0" that a fresh
+# process is started with when xdist is loaded, every -n 2 run does too. The update-then-A/A test keeps all
+# three modes, and the cheaper tests above and below keep them as well.
+NO_N0 = pytest.mark.parametrize("mode", ["no-xdist", "n2"], indirect=True)
+# A gate's arithmetic is the same in every mode: a test of one gate alone runs once, without xdist. Its
+# failure reaches the controller, and is confirmed from a worker, as the time gate's does under -n 2 in the
+# update-then-A/A test.
+NO_XDIST_ONLY = pytest.mark.parametrize("mode", ["no-xdist"], indirect=True)
+
+
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest(CONFTEST)
@@ -381,6 +393,7 @@ def test_update_then_aa_rerun_passes_and_planted_slowdown_fails(project: pytest.
     result.stdout.fnmatch_lines(["*confirmed in a fresh process: time vs baseline +5*%*"])
 
 
+@NO_N0
 def test_a_regression_seen_in_one_process_only_is_inconclusive_not_a_failure(
     project: pytest.Pytester, mode: list[str]
 ) -> None:
@@ -407,6 +420,7 @@ def test_a_regression_seen_in_one_process_only_is_inconclusive_not_a_failure(
     result.assert_outcomes(passed=2, failed=2)
 
 
+@NO_N0
 def test_an_update_run_that_moved_in_its_own_process_only_is_held_back(
     project: pytest.Pytester, mode: list[str]
 ) -> None:
@@ -457,6 +471,7 @@ def test_faster_than_baseline_is_reported(project: pytest.Pytester) -> None:
     assert doc_gate in (project.path / "r.json").read_text() and result.ret == 0
 
 
+@NO_XDIST_ONLY
 def test_ratio_gate_fires_when_the_reference_got_faster(project: pytest.Pytester, mode: list[str]) -> None:
     project.makepyfile(test_k=_case())
     record_baseline(project, "-k", "fast").assert_outcomes(passed=2)
@@ -466,6 +481,7 @@ def test_ratio_gate_fires_when_the_reference_got_faster(project: pytest.Pytester
     result.stdout.fnmatch_lines(["*performance regression: ratio vs baseline ratio +6*%*"])
 
 
+@NO_XDIST_ONLY
 def test_max_ratio_gate(project: pytest.Pytester, mode: list[str]) -> None:
     project.makepyfile(test_k=_case(extra=', "capped": Variant(timed(3000), max_ratio=1.5)'))
     result = run(project, mode, "--perfguard", "-k", "capped")
