@@ -514,6 +514,7 @@ def ab_gate(
     margin: float,
     process_sd: float = 0.0,
     absorbed: float | None = None,
+    offset_from: str = "",
 ) -> Gate:
     """Head against its base revision, measured in the same blocks: the per-capture-group ratios decide.
     No stored figure enters, so no between-run noise either: the margin only has to cover what differs
@@ -522,7 +523,8 @@ def ab_gate(
     counts it, so that the detection it promises holds. The margin absorbs `absorbed` of it (the pooled
     offset it was set for; default all of it); the rest, a case's own offset beyond the pooled one
     (policy.case_offset), widens the interval that a regression or a speed-up must clear, so that such a
-    case is not called regressed or faster by its offset alone. A pass needs what any case's pass needs."""
+    case is not called regressed or faster by its offset alone. A pass needs what any case's pass needs.
+    `offset_from` says where the case's offset comes from, for the reason."""
     tau = math.log1p(margin)
     shown = log_interval(group_ratios)
     dec = log_interval(group_ratios, policy.decision_confidence)
@@ -536,7 +538,10 @@ def ab_gate(
         if gate.status is INCONCLUSIVE and within.status is PASS:
             gate = within
         elif within.status is not gate.status:
-            gate.reason += f"; not claimed: this case's own per-process offset reaches {own:.2%} beyond the pooled one"
+            gate.reason += (
+                f"; not claimed: this case's own per-process offset ({own:.2%} beyond the pooled one, in quadrature"
+                f"{', ' + offset_from if offset_from else ''}) can explain it"
+            )
     widen = (wide.estimate - wide.lo) - (dec.estimate - dec.lo)
     gate.mde = minimum_detectable_effect(dec, tau, 0.0, 1, confirm=policy.confirm, process_sd=process_sd, widen=widen)
     return gate

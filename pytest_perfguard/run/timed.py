@@ -206,18 +206,18 @@ class TimedStep:
             verdict.deciding = frozenset({"ab", "max_ratio"})
         return verdict
 
-    def _ab_offset(self, time_ns: float) -> tuple[float, float]:
-        """The A/B gate's per-process offset for this case, and the part of it that the margin absorbs (the
-        pooled one, settings.ab_process_sd_for, fitted, built-in or set): the case's own, from the A/A
-        readings its stored entry holds (policy.case_offset), which can only widen it; off with
-        settings.ab_case_offset. A fresh process (confirmation) reads the same file and comes to the same
-        value."""
+    def _ab_offset(self, time_ns: float) -> tuple[float, float, str]:
+        """The A/B gate's per-process offset for this case, the part of it that the margin absorbs (the
+        pooled one, settings.ab_process_sd_for, fitted, built-in or set), and where the rest comes from: the
+        case's own offset, from the A/A readings its stored entry holds (policy.case_offset), which can only
+        widen it; off with settings.ab_case_offset. A fresh process (confirmation) reads the same file and
+        comes to the same value."""
         pooled = self.state.settings.ab_process_sd_for(time_ns)
         stored = self.stored()
         if stored is None or not self.state.settings.ab_case_offset:
-            return pooled, pooled
+            return pooled, pooled, ""
         readings = [r for r in (sample.aa_reading for sample in stored.samples) if r is not None]
-        return case_offset(pooled, readings), pooled
+        return case_offset(pooled, readings), pooled, f"from its {len(readings)} stored A/A reading(s)"
 
     def _env(self, trial: Trial) -> dict[str, str]:
         info = self.state.device_info

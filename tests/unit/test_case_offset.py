@@ -11,12 +11,13 @@ import math
 from collections import Counter
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from pytest_perfguard.judge.baseline import ProcessSample
-from pytest_perfguard.judge.policy import AB_CASE_PRIOR_READINGS, case_offset, fit_process_offset
+from pytest_perfguard.judge.baseline import ProcessSample, ab_offset_of
+from pytest_perfguard.judge.policy import AB_CASE_PRIOR_READINGS, case_offset
 from pytest_perfguard.judge.verdict import FASTER, INCONCLUSIVE, PASS, REGRESSED, Policy, ab_gate
 from pytest_perfguard.settings import AB_SMALL_NS, Settings
 
@@ -51,9 +52,12 @@ def test_an_offset_the_case_is_known_for_is_not_claimed_as_a_regression() -> Non
     reading = _ratios(1.04)
     plain = ab_gate(reading, POLICY, 0.01, 0.002)
     assert plain.status is REGRESSED
-    own = ab_gate(reading, POLICY, 0.01, 0.015, absorbed=0.002)
+    own = ab_gate(reading, POLICY, 0.01, 0.015, absorbed=0.002, offset_from="from its 2 stored A/A reading(s)")
     assert own.status is INCONCLUSIVE
-    assert "not claimed: this case's own per-process offset" in own.reason
+    assert (
+        "not claimed: this case's own per-process offset (1.49% beyond the pooled one, in quadrature, from its 2 "
+        "stored A/A reading(s)) can explain it" in own.reason
+    ), own.reason
     assert own.mde is not None and plain.mde is not None and own.mde > plain.mde + 0.03
     # nor as a speed-up
     assert ab_gate(_ratios(0.96), POLICY, 0.01, 0.002).status is FASTER
@@ -79,23 +83,24 @@ def _data() -> dict[str, Any]:
 
 
 def _offsets() -> tuple[dict[str, list[tuple[float, float]]], float, float]:
-    """Each case's A/A readings and the pooled offsets (large, small) fitted as the plugin fits them."""
-    readings: dict[str, list[tuple[float, float]]] = {}
-    by_size: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    """Each case's A/A readings and the pooled offsets (large, small) fitted as the plugin fits them
+    (baseline.ab_offset_of, on the entries' process samples)."""
+    entries: dict[str, Any] = {}
     for case_id, entry in _data()["cases"].items():
-        for raw in entry["samples"]:
-            sample = ProcessSample(
+        samples = tuple(
+            ProcessSample(
                 raw["median_ns"],
                 (raw["median_ns"], raw["median_ns"]),
                 aa_ratio=raw["aa_ratio"],
                 aa_ci=None if raw["aa_ci"] is None else tuple(raw["aa_ci"]),
             )
-            if sample.aa_reading is not None:
-                readings.setdefault(case_id, []).append(sample.aa_reading)
-                by_size[raw["median_ns"] < AB_SMALL_NS].append(sample.aa_reading)
-    large, small = fit_process_offset(by_size[False]), fit_process_offset(by_size[True])
-    assert large is not None and small is not None
-    return readings, large.bound, small.bound
+            for raw in entry["samples"]
+        )
+        entries[case_id] = SimpleNamespace(samples=samples)  # what ab_offset_of reads of an entry
+    fitted = ab_offset_of(entries)
+    assert fitted is not None and fitted.large is not None and fitted.small is not None
+    readings = {k: [r for r in (x.aa_reading for x in e.samples) if r is not None] for k, e in entries.items()}
+    return readings, fitted.large.bound, fitted.small.bound
 
 
 def _judge(run: str, *, own: bool) -> list[tuple[str, str, float | None]]:
