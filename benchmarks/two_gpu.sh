@@ -8,8 +8,9 @@
 #   plant   the +5% of benchmarks/_plant_kernel.py in triton_flash and cuda_wmma against HEAD, `-n 0` then
 #           `-n 2`, no confirmation (the verdicts are compared case by case)
 # Every run's results, log, junit XML and timeline (benchmarks/_timeline.py) go to OUT (default
-# benchmarks/out/two_gpu), one line each in OUT/runs.txt. Every run reads and writes its baseline in BL (default
-# benchmarks/out/two_gpu_bl, kept between calls as an ignored folder).
+# benchmarks/out/two_gpu), one line each in OUT/runs.txt, and each GPU's peak memory in OUT/memory.txt. Every
+# run reads and writes its baseline in BL (default benchmarks/out/two_gpu_bl, kept between calls as an ignored
+# folder).
 set -uo pipefail
 . "$(dirname "$0")/_suite.sh"
 out=${OUT:-benchmarks/out/two_gpu}
@@ -19,8 +20,16 @@ export PYTHONUNBUFFERED=1
 suite_device "$out"
 uptime > "$out/uptime.txt"
 run() {  # name, pytest arguments...
+  # GPU memory in use, every 0.5 s while the run lasts: its peak per GPU goes to OUT/memory.txt
+  nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
+    > "$out/$1.smi" 2>/dev/null &
+  local smi=$!
   PERFGUARD_TIMELINE="$out/$1.timeline" suite_run "$out" "$1" -p benchmarks._timeline \
     --perfguard-json="$out/$1.json" --junitxml="$out/$1.xml" --perfguard-baseline-dir="$bl" "${@:2}"
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  awk -F', *' -v run="$1" '$2 + 0 > peak[$1] { peak[$1] = $2 + 0; total[$1] = $3 }
+    END { for (g in peak) printf "%s: cuda:%s peak %d of %d MiB\n", run, g, peak[g], total[g] }' \
+    "$out/$1.smi" | sort | tee -a "$out/memory.txt"
 }
 for step in "$@"; do
   case $step in

@@ -117,6 +117,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
         Batch.install(config, state)  # regressions past the single confirmations: confirmed together
     xd.controller_setup(config)
+    if state.fresh_cases is not None:
+        state.fresh_devices = xd.update_devices(config)
 
 
 def _sweep_leftovers(settings: st.Settings) -> None:

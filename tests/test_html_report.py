@@ -9,6 +9,7 @@ test skips where it is absent, except under CI=true, where a missing browser is 
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ import pytest
 
 from pytest_perfguard.report.view import build
 
-DATA = Path(__file__).resolve().parent / "data" / "h200_planted_results.json"
+DATA = Path(__file__).resolve().parent / "data" / "h200_planted_results.json.xz"
 BROWSER = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 TIMEOUT_S = 180
 
@@ -68,7 +69,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     pytest.importorskip("plotly", reason="the HTML report needs pytest-perfguard[report]")
     from pytest_perfguard.report.html import OPEN_FIGURES, write_html
 
-    doc = json.loads(DATA.read_text())
+    doc = json.loads(lzma.decompress(DATA.read_bytes()).decode())
     page = tmp_path / "report.html"
     write_html(page, doc)
     report = build(doc)

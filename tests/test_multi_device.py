@@ -9,6 +9,7 @@ import pytest
 
 from pytest_perfguard.measure.device import timing_gpus
 from pytest_perfguard.run import xdist as xd
+from pytest_perfguard.run.session import split_cases
 from tests.test_plugin import CONFTEST, MODES, _case, run
 
 pytest_plugins = ["pytester"]
@@ -165,6 +166,41 @@ def test_the_replacement_of_a_crashed_worker_takes_its_gpu() -> None:
     shares.release("gw1")  # gw1 (on cuda:2) crashed; xdist starts gw4
     assert shares.take("gw4") == 2
     assert xd.GpuShares([]).take("gw0") is None
+
+
+@pytest.mark.parametrize(
+    ("dist", "workers", "gpus", "expected"),
+    [
+        ("load", 2, [0, 2], ["cuda:0", "cuda:2"]),  # two H100s beside an L4
+        ("load", 4, [0, 1], ["cuda:0", "cuda:1"]),  # two workers take turns on each
+        ("load", 1, [0, 1], []),  # one worker times on one GPU: the update keeps to it
+        ("load", 2, [], []),  # no GPU to spread over (a CPU run, or a run pinned with --perfguard-device)
+        ("no", 0, [0, 1], []),  # -n 0
+    ],
+)
+def test_an_updates_further_processes_spread_over_the_gpus_its_workers_timed_on(
+    pytester: pytest.Pytester, dist: str, workers: int, gpus: list[int], expected: list[str]
+) -> None:
+    config = pytester.parseconfig()
+    config.option.dist, config.option.numprocesses = dist, workers
+
+    class Controller:
+        shares = xd.GpuShares(gpus)
+
+    assert xd.update_devices(config) == []  # no controller: a worker, or no xdist
+    config.pluginmanager.register(Controller(), xd.CONTROLLER)
+    assert xd.update_devices(config) == expected
+
+
+def test_an_updates_cases_are_split_over_its_gpus_by_their_time_in_the_given_order() -> None:
+    order = ["a", "b", "c", "d", "e"]
+    weights = {"a": 1.0, "b": 10.0, "c": 2.0, "d": 3.0, "e": 4.0}
+    # b alone (10 s) against a, c, d, e (10 s), each part in the order given
+    assert split_cases(order, weights, ["cuda:0", "cuda:1"]) == [("cuda:0", ["b"]), ("cuda:1", ["a", "c", "d", "e"])]
+    assert split_cases(order[::-1], {}, ["cuda:0", "cuda:1"]) == [("cuda:0", ["e", "c", "a"]), ("cuda:1", ["d", "b"])]
+    assert split_cases(order, weights, ["cuda:0"]) == [(None, order)]  # one GPU: one process, the run's device
+    assert split_cases(["a"], weights, ["cuda:0", "cuda:1"]) == [(None, ["a"])]
+    assert split_cases(["a", "b"], weights, ["cuda:0", "cuda:1", "cuda:2"]) == [("cuda:0", ["b"]), ("cuda:1", ["a"])]
 
 
 @pytest.mark.slow

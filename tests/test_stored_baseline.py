@@ -15,6 +15,7 @@ import pytest
 from test_plugin import CONFTEST, _case, baseline_json, run
 
 from pytest_perfguard.judge.baseline import SCHEMA_VERSION
+from pytest_perfguard.run import xdist as xd
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end, in several processes
@@ -35,12 +36,49 @@ def _slow_first_process() -> str:
     )
 
 
-def test_under_xdist_the_controller_runs_the_further_processes(project: pytest.Pytester) -> None:
-    project.makepyfile(test_k=_case())
-    result = run(project, ["-n", "2"], "--perfguard-update-baseline", env={"PERFGUARD_UPDATE_PROCESSES": "3"})
+# Each update process logs when it started (the kernel's start time of the process, in seconds since boot)
+# and when it ended, on the same clock (PROCESS_LOG).
+PROCESS_LOG = """
+import atexit, json, os, time
+
+if os.environ.get("PERFGUARD_UPDATE_PROCESS") == "1":
+    with open("/proc/self/stat") as f:
+        _T0 = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+    def _log_span():
+        with open(os.environ["PROCESS_LOG"], "a") as f:
+            f.write(json.dumps([_T0, time.clock_gettime(time.CLOCK_BOOTTIME)]) + "\\n")
+
+    atexit.register(_log_span)
+"""
+
+
+def test_under_xdist_the_controller_runs_the_further_processes_one_on_each_gpu(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Workers on two GPUs (faked here: the controller is told of two devices, both the CPU): each further
+    process's cases are split over them, one fresh process on each at once, and every case still gets a
+    sample from every process."""
+    monkeypatch.setattr(xd, "update_devices", lambda config: ["cpu", "cpu"])
+    log = project.path / "processes.log"
+    project.makepyfile(test_k=_case() + PROCESS_LOG)
+    env = {"PERFGUARD_UPDATE_PROCESSES": "3", "PROCESS_LOG": str(log)}
+    result = run(project, ["-n", "2"], "--perfguard-update-baseline", env=env)
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*4 added*each case measured in 3 process(es)*"])
+    # The controller is this process (tests/test_plugin.py `run`): its progress lines are on this stderr.
+    pytest.LineMatcher(capsys.readouterr().err.splitlines()).fnmatch_lines(
+        [
+            "perfguard: update process 2 of 3 (reverse order): 4 case(s) in parallel: ? on cpu, ? on cpu",
+            "perfguard: update process 3 of 3 (forward order): 4 case(s) in parallel: ? on cpu, ? on cpu",
+        ]
+    )
     assert all(len(e["samples"]) == 3 for e in baseline_json(project)["cases"].values())
+    spans = sorted(json.loads(line) for line in log.read_text().splitlines())
+    assert len(spans) == 4, spans  # two rounds of two processes
+    first, second = spans[:2], spans[2:]
+    assert first[1][0] < first[0][1] and second[1][0] < second[0][1], spans  # the two of a round overlap
+    assert max(end for _, end in first) <= second[0][0], spans  # and a round starts when the last one is done
 
 
 def test_a_slow_first_process_is_outvoted_not_stored(project: pytest.Pytester) -> None:

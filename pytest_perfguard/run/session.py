@@ -11,6 +11,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
@@ -75,6 +76,9 @@ class SessionState:
     # fresh process with the given settings and returns their records (or why there are none). An update's
     # further processes.
     fresh_cases: Callable[[list[str], Settings], dict[str, CaseRecord] | str] | None = None
+    # set by the plugin in an xdist controller whose workers time on several GPUs: the devices an update's
+    # further processes spread over, one fresh process on each at a time (xdist.update_devices)
+    fresh_devices: list[str] = field(default_factory=list)
     _prior: tuple[int, tuple[float, float]] | None = field(default=None, repr=False)  # cache of `prior`
 
     @property
@@ -535,7 +539,7 @@ def _process_samples(
     if not good or s.update_processes <= 1 or state.fresh_cases is None:
         return samples, set()
     ids = [r.id for r in good]
-    fresh = _FreshProcesses(state, out, *_aa_settings(state))
+    fresh = _FreshProcesses(state, out, *_aa_settings(state), weights={r.id: r.elapsed_s or 1.0 for r in good})
     missing = _further_processes(fresh, ids, samples, widths, dev)
     if missing:
         missing = _make_up(fresh, missing, samples, widths, dev)
@@ -569,28 +573,71 @@ def _process_samples(
 @dataclass
 class _FreshProcesses:
     """An update's fresh processes. They time each case against its twin at HEAD too (A/A, for the A/B
-    gate's offset) while that works; ``aa`` is None, and ``no_aa`` says why, once it does not."""
+    gate's offset) while that works; ``aa`` is None, and ``no_aa`` says why, once it does not. Where the run's
+    workers timed on several GPUs (``state.fresh_devices``), each round of cases is split over them, one
+    fresh process on each GPU at once, the parts balanced by ``weights`` (each case's seconds in the first
+    process): a host's every GPU serves the update as it served the run."""
 
     state: SessionState
     out: RunSummary
     aa: Settings | None
     no_aa: str
+    weights: dict[str, float] = field(default_factory=dict)
 
     def run(self, order: list[str], what: str) -> dict[str, CaseRecord] | None:
-        """One fresh process over these cases, in this order: their records, or None (with an error)."""
-        print(f"perfguard: {what}: {len(order)} case(s)", file=sys.stderr, flush=True)
-        s, fresh_cases = self.state.settings, self.state.fresh_cases
-        assert fresh_cases is not None
-        got = fresh_cases(order, self.aa or s)
-        if isinstance(got, str) and self.aa is not None:
-            # The A/A side must never cost the baseline: the process runs again as a plain one, and so do the rest.
+        """One fresh process over these cases, in this order (or one per GPU, each over its part of them, in
+        this order): their records, or None (with an error)."""
+        parts = split_cases(order, self.weights, self.state.fresh_devices)
+        where = "" if len(parts) == 1 else " in parallel: " + ", ".join(f"{len(ids)} on {dev}" for dev, ids in parts)
+        print(f"perfguard: {what}: {len(order)} case(s){where}", file=sys.stderr, flush=True)
+        got = self._parts(parts, self.aa or self.state.settings)
+        failed = [why for why in got if isinstance(why, str)]
+        if failed and self.aa is not None:
+            # The A/A side must never cost the baseline: the parts that failed run again as plain processes,
+            # and so do the later processes.
             self.aa = None
-            self.no_aa = f"the {what} failed with A/A against HEAD ({got}); it and the later ones ran without"
-            got = fresh_cases(order, s)
-        if isinstance(got, str):
-            self.out.errors.append(f"perfguard: no baseline written: the {what} failed: {got}")
+            self.no_aa = f"the {what} failed with A/A against HEAD ({failed[0]}); it and the later ones ran without"
+            redo = [part for part, why in zip(parts, got, strict=True) if isinstance(why, str)]
+            again = iter(self._parts(redo, self.state.settings))
+            got = [next(again) if isinstance(why, str) else why for why in got]
+            failed = [why for why in got if isinstance(why, str)]
+        if failed:
+            self.out.errors.append(f"perfguard: no baseline written: the {what} failed: {'; '.join(failed)}")
             return None
-        return got
+        return {case_id: rec for records in got if not isinstance(records, str) for case_id, rec in records.items()}
+
+    def _parts(
+        self, parts: list[tuple[str | None, list[str]]], settings: Settings
+    ) -> list[dict[str, CaseRecord] | str]:
+        """Each part in its own fresh process, on its device (None: the settings' own), all at once."""
+        fresh_cases = self.state.fresh_cases
+        assert fresh_cases is not None
+
+        def one(part: tuple[str | None, list[str]]) -> dict[str, CaseRecord] | str:
+            dev, ids = part
+            return fresh_cases(ids, settings if dev is None else replace(settings, device=dev))
+
+        if len(parts) == 1:
+            return [one(parts[0])]
+        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+            return list(pool.map(one, parts))
+
+
+def split_cases(
+    order: list[str], weights: dict[str, float], devices: Sequence[str]
+) -> list[tuple[str | None, list[str]]]:
+    """These cases over these devices, each part in the given order: the longest case first to the device
+    with the least work so far (weights: seconds; 1 where unknown). One part, on no device of its own, where
+    there are fewer than two devices or cases; a device left without cases gets no part."""
+    if len(devices) < 2 or len(order) < 2:
+        return [(None, list(order))]
+    load = dict.fromkeys(range(len(devices)), 0.0)
+    home: dict[str, int] = {}
+    for case_id in sorted(order, key=lambda c: -weights.get(c, 1.0)):
+        home[case_id] = gpu = min(load, key=lambda g: (load[g], g))
+        load[gpu] += weights.get(case_id, 1.0)
+    parts = [(dev, [c for c in order if home[c] == g]) for g, dev in enumerate(devices)]
+    return [(dev, ids) for dev, ids in parts if ids]
 
 
 def _further_processes(

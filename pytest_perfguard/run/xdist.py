@@ -31,6 +31,7 @@ RECORDS_ATTR = "perfguard_records"
 ITEM_ATTR = "perfguard_item"
 PATHS_KEY = "perfguard_paths"
 GPU_KEY = "perfguard_gpu"  # the CUDA index the controller gave a worker
+CONTROLLER = "perfguard-controller"  # the Controller's name with the plugin manager
 
 
 def attach_records(config: pytest.Config, report: pytest.TestReport) -> None:
@@ -311,6 +312,19 @@ class Controller:
             )
 
 
+def update_devices(config: pytest.Config) -> list[str]:
+    """The GPUs an update's further processes spread over (session._FreshProcesses): those this run's
+    workers time on, where they are two or more; else none, and those processes run one after another on
+    the run's own device. A run pinned to one GPU (--perfguard-device cuda:N, -n 0) keeps to it."""
+    controller = config.pluginmanager.get_plugin(CONTROLLER)
+    if controller is None or getattr(config.option, "dist", "no") == "no":
+        return []
+    workers = int(getattr(config.option, "numprocesses", 0) or 0)
+    gpus = controller.shares.gpus
+    used = sorted({gpus[i % len(gpus)] for i in range(workers)}) if gpus else []
+    return [f"cuda:{g}" for g in used] if len(used) > 1 else []
+
+
 def controller_setup(config: pytest.Config) -> None:
     if not is_worker(config) and config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(Controller(config), "perfguard-controller")
+        config.pluginmanager.register(Controller(config), CONTROLLER)

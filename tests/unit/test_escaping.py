@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import lzma
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from pytest_perfguard.report.markdown import markdown_summary
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200_planted_results.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200_planted_results.json.xz"
 
 LINK = '<a href="https://evil.example/">click</a>'
 IMG = "<img src=x onerror=alert(1)>"
@@ -32,7 +33,7 @@ TICKS = "``` tail"
 def hostile() -> dict[str, Any]:
     """The real results file, its first variant renamed to a link and every case's shape made an image tag,
     with the other payloads in reasons, a gate's reason and the device name."""
-    doc: dict[str, Any] = json.loads(DATA.read_text())
+    doc: dict[str, Any] = json.loads(lzma.decompress(DATA.read_bytes()).decode())
     doc = copy.deepcopy(doc)
     first = doc["results"][0]["variant"]
     for rec in doc["results"]:

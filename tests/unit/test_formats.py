@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import html
 import json
+import lzma
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,13 @@ from pytest_perfguard.report.markdown import markdown_summary
 from pytest_perfguard.report.terminal import terminal_lines
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_RESULTS = ROOT / "tests" / "data" / "cpu_results.json"
+CPU_RESULTS = ROOT / "tests" / "data" / "cpu_results.json.xz"
 PACKAGE = ROOT / "pytest_perfguard"
 
 
 @pytest.fixture
 def doc() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(CPU_RESULTS.read_text(encoding="utf-8"))
+    loaded: dict[str, Any] = json.loads(lzma.decompress(CPU_RESULTS.read_bytes()).decode())
     return loaded
 
 

@@ -4,6 +4,7 @@ with a message that names it."""
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,10 @@ from pytest_perfguard.record import CaseRecord, Correctness, RecordError
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-@pytest.mark.parametrize("name", ["cpu_results.json", "h200_planted_results.json"])
+@pytest.mark.parametrize("name", ["cpu_results.json.xz", "h200_planted_results.json.xz"])
 def test_recorded_results_read_and_write_back_unchanged(name: str) -> None:
     """Every part of every recorded case (gates, confirmation, A/B, correctness) survives the typed trip."""
-    records: list[dict[str, Any]] = json.loads((DATA / name).read_text())["results"]
+    records: list[dict[str, Any]] = json.loads(lzma.decompress((DATA / name).read_bytes()).decode())["results"]
     assert records
     for raw in records:
         record = CaseRecord.from_json(raw)

@@ -1,6 +1,6 @@
 """The report of a results file: Markdown summary, HTML page, `perfguard merge` and `perfguard report`.
 
-They read a real results file (tests/data/h200_planted_results.json: an H200 guard run against a baseline
+They read a real results file (tests/data/h200_planted_results.json.xz: an H200 guard run against a baseline
 planted 5% slower), so the fields are the ones the plugin writes, not a hand-made imitation.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import lzma
 import re
 import subprocess
 import sys
@@ -21,13 +22,13 @@ from pytest_perfguard.report.markdown import markdown_summary
 from pytest_perfguard.report.merge import MERGED_KIND, merge_files, read_runs
 from pytest_perfguard.report.view import build
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200_planted_results.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200_planted_results.json.xz"
 ATTENTION = 11  # 8 regressed + 3 inconclusive in the file
 
 
 @pytest.fixture
 def doc() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(DATA.read_text())
+    loaded: dict[str, Any] = json.loads(lzma.decompress(DATA.read_bytes()).decode())
     return loaded
 
 

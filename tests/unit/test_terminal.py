@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import re
 import tarfile
 from pathlib import Path
@@ -21,7 +22,7 @@ from pytest_perfguard.run.progress import ProgressLine, done_text
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_RAW = ROOT / "benchmarks" / "results" / "ab_2026-11-23" / "raw.tar.xz"
-CPU_RESULTS = ROOT / "tests" / "data" / "cpu_results.json"
+CPU_RESULTS = ROOT / "tests" / "data" / "cpu_results.json.xz"
 
 
 def _gpu_doc(name: str) -> dict[str, Any]:
@@ -44,7 +45,7 @@ def gpu() -> list[CaseRecord]:
 
 @pytest.fixture(scope="module")
 def cpu() -> list[CaseRecord]:
-    return _records(json.loads(CPU_RESULTS.read_text(encoding="utf-8")))
+    return _records(json.loads(lzma.decompress(CPU_RESULTS.read_bytes()).decode()))
 
 
 # ------------------------------------------------------------------------------------------------- table
