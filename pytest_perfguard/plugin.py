@@ -103,13 +103,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[MERGED] = Merged()
     state.on_timeout = lambda message, item: _flush_on_timeout(config, message, item)
     if settings.update and settings.update_processes > 1 and not is_worker(config):
-        from .run.confirm import run_fresh_cases
+        from .run.confirm import start_fresh_cases
 
         per_case = settings.case_timeout
 
         def fresh_cases(ids: list[str], given: st.Settings) -> Any:
             timeout = 2 * per_case * len(ids) + 120 if per_case else None
-            return run_fresh_cases(config, ids, given, timeout, update=True)
+            return start_fresh_cases(config, ids, given, timeout, update=True).result
 
         state.fresh_cases = fresh_cases
     if settings.enabled:

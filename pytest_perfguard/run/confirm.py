@@ -126,33 +126,76 @@ def run_fresh_cases(
     ``total_budget``: seconds of measurement the process may spend (0: unlimited); ``alone``: judge each case
     as a family of one, as a single confirmation does; ``update``: one of an update's processes, whose times
     are stored."""
+    return start_fresh_cases(
+        config, nodeids, settings, timeout_s, total_budget=total_budget, alone=alone, update=update
+    ).result()
+
+
+@dataclass
+class FreshProcess:
+    """A fresh process started on some cases (start_fresh_cases); ``result`` waits for it. Its output goes to
+    a file, not a pipe: several of them can run at once (an update's processes, one per GPU) from this one
+    thread, and none blocks on a full pipe while another is waited for."""
+
+    folder: tempfile.TemporaryDirectory[str]
+    nodeids: list[str]
+    timeout_s: float | None
+    started: float = field(default_factory=time.monotonic)
+    proc: subprocess.Popen[bytes] | None = None
+    error: str = ""
+
+    def result(self) -> dict[str, CaseRecord] | str:
+        """Its records by id, or why there are none; the process is killed past its timeout."""
+        folder = Path(self.folder.name)
+        try:
+            if self.proc is None:
+                return self.error
+            left = None if self.timeout_s is None else max(self.started + self.timeout_s - time.monotonic(), 0.0)
+            try:
+                self.proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return f"the fresh process did not finish in {self.timeout_s:g}s"
+            try:
+                doc = json.loads((folder / "confirm.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                tail = (folder / "output.txt").read_text(encoding="utf-8", errors="replace").strip().splitlines()
+                return f"the fresh process wrote no result (exit {self.proc.returncode}): " + " | ".join(tail[-3:])
+            return _records_of(doc, self.nodeids, self.proc.returncode)
+        finally:
+            self.folder.cleanup()
+
+
+def start_fresh_cases(
+    config: pytest.Config,
+    nodeids: list[str],
+    settings: Settings,
+    timeout_s: float | None,
+    *,
+    total_budget: float = 0.0,
+    alone: bool = False,
+    update: bool = False,
+) -> FreshProcess:
+    """run_fresh_cases without the wait: the process runs while this one starts others."""
     _release_device_memory()
     # The pid in the name lets the next session remove the folder if this one is killed.
-    with tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-") as tmp:
-        out = Path(tmp) / "confirm.json"
-        env = _child_env(settings, out, total_budget, alone=alone, update=update)
-        cmd = _child_command(config, nodeids)
-        try:
-            proc = subprocess.run(
-                cmd,
+    fresh = FreshProcess(tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-"), nodeids, timeout_s)
+    folder = Path(fresh.folder.name)
+    env = _child_env(settings, folder / "confirm.json", total_budget, alone=alone, update=update)
+    try:
+        with (folder / "output.txt").open("wb") as output:
+            fresh.proc = subprocess.Popen(
+                _child_command(config, nodeids),
                 cwd=config.rootpath,
                 env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
+                stdout=output,
+                stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent(),  # a kill -9 of this session must not leave it on the GPU
             )
-        except subprocess.TimeoutExpired:
-            return f"the fresh process did not finish in {timeout_s:g}s"
-        except OSError as exc:
-            return f"could not start a fresh process: {exc}"
-        try:
-            doc = json.loads(out.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-            return f"the fresh process wrote no result (exit {proc.returncode}): " + " | ".join(tail)
-    return _records_of(doc, nodeids, proc.returncode)
+    except OSError as exc:
+        fresh.error = f"could not start a fresh process: {exc}"
+    return fresh
 
 
 def _release_device_memory() -> None:

@@ -11,7 +11,6 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
@@ -72,10 +71,10 @@ class SessionState:
     # The checks' one-time costs, paid before the first case (integrity.warm_up): one entry per process
     # that ran cases (the controller gathers its workers'), reported once and never in a case's checks_s.
     warmups: list[dict[str, float]] = field(default_factory=list)
-    # set by the plugin in the process that writes the baseline: runs case ids, in the given order, in one
-    # fresh process with the given settings and returns their records (or why there are none). An update's
-    # further processes.
-    fresh_cases: Callable[[list[str], Settings], dict[str, CaseRecord] | str] | None = None
+    # set by the plugin in the process that writes the baseline: starts one fresh process on these case ids,
+    # in this order, with these settings, and returns what waits for it: their records (or why there are
+    # none). An update's further processes.
+    fresh_cases: Callable[[list[str], Settings], Callable[[], dict[str, CaseRecord] | str]] | None = None
     # set by the plugin in an xdist controller whose workers time on several GPUs: the devices an update's
     # further processes spread over, one fresh process on each at a time (xdist.update_devices)
     fresh_devices: list[str] = field(default_factory=list)
@@ -609,18 +608,12 @@ class _FreshProcesses:
     def _parts(
         self, parts: list[tuple[str | None, list[str]]], settings: Settings
     ) -> list[dict[str, CaseRecord] | str]:
-        """Each part in its own fresh process, on its device (None: the settings' own), all at once."""
+        """Each part in its own fresh process, on its device (None: the settings' own), all at once: every
+        process is started, then each is waited for."""
         fresh_cases = self.state.fresh_cases
         assert fresh_cases is not None
-
-        def one(part: tuple[str | None, list[str]]) -> dict[str, CaseRecord] | str:
-            dev, ids = part
-            return fresh_cases(ids, settings if dev is None else replace(settings, device=dev))
-
-        if len(parts) == 1:
-            return [one(parts[0])]
-        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-            return list(pool.map(one, parts))
+        waits = [fresh_cases(ids, settings if dev is None else replace(settings, device=dev)) for dev, ids in parts]
+        return [wait() for wait in waits]
 
 
 def split_cases(

@@ -154,8 +154,6 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
     """An update's further processes run with A/A against HEAD, and what they time is stored: they must know
     it (they spread each side over several input copies, as a plain run does). A confirmation must not. And
     the memory this process keeps cached on the GPU is given back before either starts."""
-    import subprocess
-
     import torch
 
     from pytest_perfguard.run import cleanup, confirm
@@ -163,14 +161,21 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
     seen: dict[str, str] = {}
     events: list[str] = []
 
-    def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-        env = kwargs["env"]
-        assert isinstance(env, dict)
-        seen.update(env)
-        events.append("child")
-        return subprocess.CompletedProcess(cmd, 1, "", "")
+    class FakeChild:
+        """What start_fresh_cases starts: it exits at once with status 1 and writes no result."""
 
-    monkeypatch.setattr(confirm.subprocess, "run", fake_run)
+        returncode = 1
+
+        def __init__(self, cmd: list[str], **kwargs: object) -> None:
+            env = kwargs["env"]
+            assert isinstance(env, dict)
+            seen.update(env)
+            events.append("child")
+
+        def wait(self, timeout: float | None = None) -> int:
+            return self.returncode
+
+    monkeypatch.setattr(confirm.subprocess, "Popen", FakeChild)
     # As on a GPU that this process has used: its cached memory goes back before the child starts.
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("released"))
@@ -180,3 +185,15 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
     for name in (cleanup.CHILD_ENV, cleanup.UPDATE_PROCESS_ENV):
         monkeypatch.setenv(name, seen[name])
     assert cleanup.in_update_process() is update
+
+
+def test_a_fresh_process_past_its_timeout_is_killed_and_says_so(pytestconfig: pytest.Config) -> None:
+    """A real child (pytest in a new interpreter) cannot import torch in 0.3 s: it is killed, its folder goes,
+    and the reason names the timeout."""
+    from pytest_perfguard.run import confirm
+
+    fresh = confirm.start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), 0.3)
+    assert fresh.proc is not None and fresh.proc.poll() is None  # running while this process goes on
+    assert fresh.result() == "the fresh process did not finish in 0.3s"
+    assert fresh.proc.returncode is not None and fresh.proc.returncode < 0  # killed
+    assert not Path(fresh.folder.name).exists()
