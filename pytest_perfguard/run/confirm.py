@@ -105,30 +105,10 @@ def _plugin_args(config: pytest.Config) -> list[str]:
 
 def run_fresh(item: pytest.Item, settings: Settings, timeout_s: float | None) -> CaseRecord | str:
     """Run `item` alone in a new process with these settings; its record, or why there is none."""
-    got = run_fresh_cases(item.config, [item.nodeid], settings, timeout_s)
+    got = start_fresh_cases(item.config, [item.nodeid], settings, timeout_s).result()
     if isinstance(got, str):
         return got
     return got.get(item.nodeid) or f"the fresh process did not run {item.nodeid}"
-
-
-def run_fresh_cases(
-    config: pytest.Config,
-    nodeids: list[str],
-    settings: Settings,
-    timeout_s: float | None,
-    *,
-    total_budget: float = 0.0,
-    alone: bool = False,
-    update: bool = False,
-) -> dict[str, CaseRecord] | str:
-    """Run these items, in this order, in one new process with these settings (one start for many cases:
-    a batch of confirmations, an update's further processes); their records by id, or why there are none.
-    ``total_budget``: seconds of measurement the process may spend (0: unlimited); ``alone``: judge each case
-    as a family of one, as a single confirmation does; ``update``: one of an update's processes, whose times
-    are stored."""
-    return start_fresh_cases(
-        config, nodeids, settings, timeout_s, total_budget=total_budget, alone=alone, update=update
-    ).result()
 
 
 @dataclass
@@ -177,7 +157,11 @@ def start_fresh_cases(
     alone: bool = False,
     update: bool = False,
 ) -> FreshProcess:
-    """run_fresh_cases without the wait: the process runs while this one starts others."""
+    """Start these items, in this order, in one new process with these settings (one start for many cases: a
+    batch of confirmations, an update's further processes); its ``result()`` waits for their records by id,
+    or says why there are none, and the process runs meanwhile. ``total_budget``: seconds of measurement the
+    process may spend (0: unlimited); ``alone``: judge each case as a family of one, as a single confirmation
+    does; ``update``: one of an update's processes, whose times are stored."""
     _release_device_memory()
     # The pid in the name lets the next session remove the folder if this one is killed.
     fresh = FreshProcess(tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-"), nodeids, timeout_s)
@@ -594,7 +578,7 @@ class Batch:
             f"confirmations; at most {bound:.0f} s of measurement)",
         )
         t0 = time.monotonic()
-        got = run_fresh_cases(self.config, ids, s, timeout, total_budget=bound, alone=True)
+        got = start_fresh_cases(self.config, ids, s, timeout, total_budget=bound, alone=True).result()
         spent = round(time.monotonic() - t0, 1)
         where = f"one batch of {n} past the {cap} single confirmations"
         answers: dict[str, Confirmation] = {}

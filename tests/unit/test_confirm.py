@@ -179,7 +179,7 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
     # As on a GPU that this process has used: its cached memory goes back before the child starts.
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("released"))
-    got = confirm.run_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None, update=update)
+    got = confirm.start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None, update=update).result()
     assert isinstance(got, str) and "wrote no result" in got
     assert events == ["released", "child"]
     for name in (cleanup.CHILD_ENV, cleanup.UPDATE_PROCESS_ENV):
