@@ -137,13 +137,12 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from kernels.reference import math_attention
     from kernels.triton_flash import triton_flash, unavailable_reason
-    from tests.kernels.test_python_kernels import make_inputs, skip_nested_relanguage_patch
+    from tests.kernels.test_python_kernels import make_inputs
     spec = json.loads(sys.argv[2])
     reason = unavailable_reason()
     if reason is not None:
         print(json.dumps({"unavailable": reason}))
         sys.exit(0)
-    skip_nested_relanguage_patch()
     outs = {}
     for key, (b, h, s, d, causal, dtype, config) in spec["cases"].items():
         case = (b, h, s, d, causal, getattr(torch, dtype))
@@ -173,50 +172,6 @@ _CHILD = textwrap.dedent("""
     torch.save({"seed": spec["seed"], "outs": outs, "ramp_rows": ramp_rows}, spec["path"])
     print(json.dumps({"done": len(outs)}))
 """)
-
-
-def skip_nested_relanguage_patch() -> None:
-    """In the interpreter child: a device function called inside a kernel launch patches triton.language for
-    its module once per launch, not on every call.
-
-    triton 3.9's interpreter patches the language for a launch (GridExecutor) and restores it afterwards; a
-    jitted function called inside the kernel (_attn_tiles, _fold_tile, and triton's own tl.zeros, tl.max)
-    patches the language modules its module sees on every call, again with the same stand-ins, keeping
-    none of the earlier work. That repetition was about 30% of the child's CPU time. The first call of
-    each module's functions in a launch still patches, so every launch sees the language as it did, and the
-    outputs are bit for bit the same. Left as it is where the interpreter's layout differs.
-    """
-    try:
-        from triton.runtime import interpreter
-    except ImportError:
-        return
-    cls = getattr(interpreter, "InterpretedFunction", None)
-    patch = getattr(interpreter, "_patch_lang", None)
-    executor = getattr(interpreter, "GridExecutor", None)
-    if cls is None or patch is None or executor is None or not hasattr(cls, "rewrite"):
-        return
-    patched: set[int] = set()  # during a launch: the module namespaces already patched in it
-    launch = executor.__call__
-
-    def launch_once_patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        patched.add(id(self.fn.__globals__))  # the launch patches its kernel's module itself
-        try:
-            return launch(self, *args, **kwargs)
-        finally:
-            patched.clear()
-
-    def device_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if id(self.fn.__globals__) not in patched:
-            patch(self.fn)
-            if patched:  # inside a launch
-                patched.add(id(self.fn.__globals__))
-        try:
-            return self.rewrite()(*args, **kwargs)
-        except Exception as e:
-            raise interpreter.InterpreterError(repr(e)) from e
-
-    executor.__call__ = launch_once_patched
-    cls.__call__ = device_call
 
 
 def _triton_key(case: Case, config: Cfg) -> str:
