@@ -133,10 +133,12 @@ class FreshProcess:
             left = None if self.timeout_s is None else max(self.started + self.timeout_s - time.monotonic(), 0.0)
             try:
                 self.proc.wait(timeout=left)
-            except subprocess.TimeoutExpired:
+            except BaseException as exc:  # its timeout, or this session interrupted: the child goes too
                 self.proc.kill()
                 self.proc.wait()
-                return f"the fresh process did not finish in {self.timeout_s:g}s"
+                if isinstance(exc, subprocess.TimeoutExpired):
+                    return f"the fresh process did not finish in {self.timeout_s:g}s"
+                raise
             try:
                 doc = json.loads((folder / "confirm.json").read_text(encoding="utf-8"))
             except (OSError, ValueError):

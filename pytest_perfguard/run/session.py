@@ -574,8 +574,10 @@ class _FreshProcesses:
     """An update's fresh processes. They time each case against its twin at HEAD too (A/A, for the A/B
     gate's offset) while that works; ``aa`` is None, and ``no_aa`` says why, once it does not. Where the run's
     workers timed on several GPUs (``state.fresh_devices``), each round of cases is split over them, one
-    fresh process on each GPU at once, the parts balanced by ``weights`` (each case's seconds in the first
-    process): a host's every GPU serves the update as it served the run."""
+    fresh process on each GPU at once, the parts balanced by ``weights`` (each case's timing seconds in the
+    first process, elapsed_s: its whole time there would count one-time costs, such as a worker's first
+    case of a CUDA extension, 26-30 s on an H100): a host's every GPU serves the update as it served the
+    run."""
 
     state: SessionState
     out: RunSummary

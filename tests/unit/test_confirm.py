@@ -197,3 +197,26 @@ def test_a_fresh_process_past_its_timeout_is_killed_and_says_so(pytestconfig: py
     assert fresh.result() == "the fresh process did not finish in 0.3s"
     assert fresh.proc.returncode is not None and fresh.proc.returncode < 0  # killed
     assert not Path(fresh.folder.name).exists()
+
+
+def test_a_fresh_process_goes_when_the_wait_for_it_is_interrupted(
+    pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while this session waits for its child (as subprocess.run does): the child is killed, not left
+    timing on the GPU, and the interrupt goes on."""
+    from pytest_perfguard.run import confirm
+
+    fresh = confirm.start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None)
+    proc = fresh.proc
+    assert proc is not None
+    real_wait = proc.wait
+
+    def interrupted_once(timeout: float | None = None) -> int:
+        monkeypatch.setattr(proc, "wait", real_wait)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(proc, "wait", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        fresh.result()
+    assert proc.returncode is not None and proc.returncode < 0  # killed
+    assert not Path(fresh.folder.name).exists()
