@@ -245,8 +245,15 @@ def _judge(
         gate.reason = f"{what} {pct:+.1f}% ({ci})"
     else:
         gate.status = INCONCLUSIVE
+        # Where the 95% interval shown lies within the margin, the wider one the run decides at is what
+        # straddles it: say so, with its bounds, or the reason contradicts its own figures.
+        wider = (
+            f" at the {diff.confidence:.2%} confidence the run decides at ({_pct(diff.lo)} .. {_pct(diff.hi)})"
+            if -tau < report.lo and report.hi < tau
+            else ""
+        )
         gate.reason = (
-            f"{what} {pct:+.1f}% ({ci}) straddles the {math.expm1(tau) * 100:.1f}% margin: "
+            f"{what} {pct:+.1f}% ({ci}) straddles the {math.expm1(tau) * 100:.1f}% margin{wider}: "
             "not enough evidence either way"
         )
     return gate

@@ -158,3 +158,22 @@ def test_planted_slowdowns_are_caught_where_the_mde_promised() -> None:
             assert status == "inconclusive" and mde is not None and mde > ratios[case_id] - 1.0, case_id
     # the pooled offset alone catches all 14, at the price of the false claims above
     assert all(status == "regressed" for _, status, _ in _judge("plant_scalar_n2", own=False))
+
+
+def test_an_inconclusive_reason_gives_the_interval_that_straddles() -> None:
+    """cuda_scalar S239 on a fresh H100 (2026-11-27, A/A against HEAD): its measurement read +1.3% and its
+    re-measurement in the same process -1.1%. The 95% interval over all groups lies within the 1% margin,
+    but the interval the run decides at (a family of 98) straddles it: the reason shows that one too."""
+    ratios = [1.013405, 1.010179, 1.009341, 1.017136, 1.013911, 1.010738, 1.014125, 1.012963, 1.012661, 1.018194]
+    ratios += [1.011644, 1.012033, 1.010542, 1.013339, 1.013281, 1.013725, 0.988459, 0.987229, 0.985278, 0.991529]
+    ratios += [0.988291, 0.988403, 0.988225, 0.987187, 0.990044, 0.995296, 0.989727, 0.98915, 0.984964, 0.987101]
+    ratios += [0.991726, 0.986688, 0.989298]
+    gate = ab_gate(ratios, POLICY, 0.01, 0.0026)
+    assert gate.status is INCONCLUSIVE
+    assert gate.lo is not None and gate.hi is not None and gate.lo > 0.99 and gate.hi < 1.01
+    assert "(95% CI -0.1% .. +0.3%) straddles the 1.0% margin at the 99.90% confidence the run decides at" in (
+        gate.reason
+    ), gate.reason
+    # where the 95% interval itself straddles, the reason stays as it was
+    wide = ab_gate(_ratios(1.01, jitter=0.02), POLICY, 0.01, 0.0026)
+    assert wide.status is INCONCLUSIVE and "confidence the run decides at" not in wide.reason, wide.reason
