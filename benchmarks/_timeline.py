@@ -1,8 +1,10 @@
 """Where the wall time of a pytest run goes, process by process: loaded with `-p benchmarks._timeline` (xdist
 passes it on to its workers), it appends one JSON line per event to the file named by PERFGUARD_TIMELINE:
-the process's configure, its session start and finish, and each item's start and end, in epoch seconds.
+the process's start (from /proc), its first configure hook, its header, the end of its
+collection, its session start and finish, its unconfigure, and each item's start and end, in epoch seconds.
 `python -m benchmarks._timeline FILE...` prints, per run, when each process started, how long its items
-took in all, and when it finished (benchmarks/two_gpu.sh)."""
+took in all, and when it finished, and where each process's time outside its items went
+(benchmarks/two_gpu.sh)."""
 
 from __future__ import annotations
 
@@ -28,10 +30,37 @@ def _emit(config: pytest.Config, event: str, **fields: Any) -> None:
         f.write(json.dumps(line) + "\n")
 
 
+def _process_start() -> float | None:
+    """This process's start in epoch seconds: its start in clock ticks after boot, plus the boot time."""
+    try:
+        ticks = float(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
+        boot = next(float(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    _emit(config, "configure")
+    _emit(config, "configure", process_start=_process_start())
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    _emit(config, "header")
+    return []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _emit(session.config, "collected")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _emit(config, "unconfigure")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     _emit(session.config, "sessionstart")
 
@@ -72,7 +101,26 @@ def summary(path: Path) -> list[str]:
             f"{len(spans)} items {sum(s for s, _ in spans):6.1f} s, longest {longest[0]:.1f} s "
             f"({longest[1].split('::')[-1]}), last event {last:6.1f} s"
         )
+        rows.append("         " + _phases(got, t0))
     return rows
+
+
+PHASES = ("configure", "sessionstart", "header", "collected", "start", "sessionfinish", "unconfigure")
+
+
+def _phases(events: list[dict[str, Any]], t0: float) -> str:
+    """When the process started and reached each phase (its first item's start, the others' first event;
+    its items' last end before its session's finish), in seconds from the run's first event."""
+    at: dict[str, float] = {}
+    for e in sorted(events, key=lambda e: e["t"]):
+        at.setdefault(e["event"], e["t"] - t0)
+        if e["event"] == "configure" and e.get("process_start"):
+            at.setdefault("process", e["process_start"] - t0)
+    ends = [e["t"] - t0 for e in events if e["event"] == "end"]
+    if ends:
+        at["last end"] = max(ends)
+    order = ("process", *PHASES[:5], "last end", *PHASES[5:])
+    return ", ".join(f"{name} {at[name]:.1f}" for name in order if name in at)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,19 @@ import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 VARIANT_ARG = "perfguard_variant"
 RUNNER_ARG = "perfguard_runner"
 MARK_NAME = "perfguard_case"
 
 Requirement = str | Callable[[], str | None]
-ToleranceTable = Mapping[torch.dtype, Mapping[str, float]]
+ToleranceTable = Mapping["torch.dtype", Mapping[str, float]]
 Clock = Callable[[], int]  # nanoseconds, as measure.timing.Clock: declared here, the API imports no timer
 
 _REQUIREMENT_HELP = (
@@ -94,6 +96,8 @@ def _known_requirement(req: str) -> bool:
 def _check_tolerance(table: Any, what: str) -> None:
     if table is None:
         return
+    import torch
+
     if not isinstance(table, Mapping):
         raise TypeError(f"{what} must map torch dtypes to dict(atol=..., rtol=...), got {type(table).__name__}")
     for dtype, entry in table.items():
@@ -116,6 +120,8 @@ def unmet_requirement(req: Requirement | Sequence[Requirement] | None, device: s
 
 
 def _check_one(req: Requirement, device: str) -> str | None:
+    import torch
+
     if callable(req):
         try:
             return req()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,7 +14,6 @@ from .judge import baseline as bl
 from .marker import MARK_NAME, VARIANT_ARG, PerfCase
 from .report.writers import asked
 from .run import xdist as xd
-from .run.runner import Runner
 from .run.session import (
     MERGED,
     STATE,
@@ -29,25 +28,36 @@ from .run.session import (
     state_of,
 )
 
+if TYPE_CHECKING:
+    from .run.runner import Runner
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     st.add_options(parser)
 
 
 def _pick_device(config: pytest.Config, wanted: str, *, enabled: bool) -> str:
-    import torch
-
     if wanted == "cpu":
         return "cpu"
-    if not torch.cuda.is_available():
+    if xd.is_controller(config):
+        # It runs no case: the driver's list of GPUs serves, and its workers start without waiting for torch
+        # (measure/visible.py).
+        count = len(xd.gpu_names())
+    else:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not count:
         return "cpu"  # variants that need CUDA skip (or fail under --perfguard-require-gpu)
     device = wanted if wanted.startswith("cuda:") else xd.worker_gpu(config, enabled=enabled)
-    index, count = torch.device(device).index or 0, torch.cuda.device_count()
+    index = int(device.partition(":")[2] or 0)
     if index >= count:
         raise pytest.UsageError(
             f"--perfguard-device {device}: this host has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
         )
-    if index:
+    if index and not xd.is_controller(config):
+        import torch
+
         # A process timing on cuda:N (an xdist worker, its fresh confirmation process, a --perfguard-device
         # choice) makes it current from the start, not only inside a case: whatever takes the current device
         # outside one (a kernel library's load, a warm-up) would open a context on cuda:0, and did on a
@@ -84,7 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
             pytest.PytestWarning("--perfguard-require-gpu: no CUDA GPU is visible; GPU variants will fail"),
             stacklevel=2,
         )
-    state = make_state(settings, config.rootpath)
+    state = make_state(settings, config.rootpath, runs_cases=not xd.is_controller(config))
     if settings.enabled and not is_worker(config):
         _sweep_leftovers(settings)
     if settings.enabled:
@@ -218,8 +228,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
     perf = [i for i in items if i.get_closest_marker(MARK_NAME) is not None]
     # A batch's fresh process judges each case as a single confirmation does: a family of one.
-    state_of(config).family_size = 1 if judged_alone() else max(1, len(perf))
+    state = state_of(config)
+    state.family_size = 1 if judged_alone() else max(1, len(perf))
     config.stash[MERGED].collected = {i.nodeid for i in perf}
+    if is_worker(config) and state.baseline is not None:
+        xd.longest_first(items, state.baseline.cases)
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
@@ -230,6 +243,8 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def perfguard_runner(request: pytest.FixtureRequest) -> Runner:
     """Runs the current perf item (used by @perf_case; not meant to be requested directly)."""
+    from .run.runner import Runner
+
     return Runner(state_of(request.config), request.node)
 
 

@@ -10,12 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
-import torch._dynamo
-
-# In-process pytester runs restore sys.modules afterwards, dropping what they imported. torch._dynamo (which
-# torch.manual_seed imports on first use) registers a TORCH_LIBRARY when imported and cannot be imported
-# twice in one process, so it is imported here, before any inner run.
 
 LOCK_DIR_ENV = "PERFGUARD_LOCK_DIR"
 
@@ -23,9 +17,9 @@ LOCK_DIR_ENV = "PERFGUARD_LOCK_DIR"
 # fresh confirmation processes, act jobs). The tensors here are tiny, and the suite keeps both cores of the
 # CI machine busy: there torch's default of one OpenMP thread per core made a 16x16 attention reference
 # take 16 ms of spinning threads instead of 72 us.
-if "OMP_NUM_THREADS" not in os.environ:
+_ONE_THREAD = "OMP_NUM_THREADS" not in os.environ
+if _ONE_THREAD:
     os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
 
 # Bytecode for the processes this suite starts (xdist workers, pytester subprocesses, fresh confirmation
 # and update processes, act jobs): a few hundred of them, each importing torch and the plugin. Where the
@@ -54,7 +48,19 @@ def _not_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The device and file locks of the runs this suite starts live in a folder of the suite's own (xdist
-    workers inherit it), so they never wait on another pytest session of this machine, or it on them."""
+    workers inherit it), so they never wait on another pytest session of this machine, or it on them.
+
+    torch is imported here, in every process that runs tests, and not in an xdist controller, which runs
+    none: the plugin's controller starts its workers without it (measure/visible.py), tests/perf included.
+    In-process pytester runs restore sys.modules afterwards, dropping what they imported. torch._dynamo
+    (which torch.manual_seed imports on first use) registers a TORCH_LIBRARY when imported and cannot be
+    imported twice in one process, so it is imported here, before any inner run."""
+    if hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no":
+        import torch
+        import torch._dynamo
+
+        if _ONE_THREAD:
+            torch.set_num_threads(1)
     if _PYCACHE_DIR is not None:  # set by this process (the xdist controller), not inherited
         pycache = _PYCACHE_DIR
         config.add_cleanup(lambda: shutil.rmtree(pycache, ignore_errors=True))

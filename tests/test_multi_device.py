@@ -5,12 +5,15 @@ The GPU side (every step of a case on its own GPU, `-n 2` against `-n 0`) is in 
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
-from pytest_perfguard.measure.device import timing_gpus
+from pytest_perfguard.measure.visible import timing_gpus
 from pytest_perfguard.run import xdist as xd
 from pytest_perfguard.run.session import split_cases
-from tests.test_plugin import CONFTEST, MODES, _case, run
+from tests.test_plugin import CONFTEST, MODES, _case, baseline_json, run
 
 pytest_plugins = ["pytester"]
 
@@ -82,6 +85,68 @@ def test_the_summary_of_a_run_over_workers_names_their_gpus(
 
 
 # ---------------------------------------------------------------------------------------- one host, N GPUs
+
+CONTROLLER_PROBE = """
+import sys
+
+def pytest_configure_node(node):
+    with open("controller.log", "a") as f:
+        f.write(("torch" if "torch" in sys.modules else "no torch") + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_the_controller_starts_its_workers_without_importing_torch(pytester: pytest.Pytester) -> None:
+    """An xdist controller runs no case: it names the GPUs and the baseline file from the driver
+    (measure/visible.py), so its workers start without waiting for its torch import (7 s on a fresh
+    two-H200 host). It reads the device's fingerprint once they run: the summary still names torch."""
+    pytester.makepyfile(fakes=CONFTEST, test_k=_case().replace("from conftest import", "from fakes import"))
+    pytester.makeconftest(CONTROLLER_PROBE)
+    result = pytester.runpytest_subprocess("-n", "2", "--perfguard", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
+    assert (pytester.path / "controller.log").read_text().splitlines() == ["no torch", "no torch"]
+    result.stdout.fnmatch_lines(["*perfguard: * (cpu), torch 2.*"])
+
+
+ORDER_LOG = """
+import json, os
+
+def pytest_collection_finish(session):
+    if hasattr(session.config, "workerinput"):
+        with open(os.environ["ORDER_LOG"], "a") as f:
+            f.write(json.dumps([item.nodeid.split("::")[-1] for item in session.items]) + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_workers_take_the_longest_stored_cases_first(pytester: pytest.Pytester) -> None:
+    """xdist hands items out in collection order: each worker's collection puts the cases with the longest
+    stored time (variant and `against` per call) first, and a case with no stored entry before them."""
+    pytester.makeconftest(CONFTEST + ORDER_LOG)
+    pytester.makepyfile(test_k=_case())  # fast: 1000 ns, other: 2000 ns, against: 1000 ns; S 8 and 16
+    (pytester.path / ".ci" / "baselines").mkdir(parents=True)
+    run(pytester, MODES["no-xdist"], "--perfguard-update-baseline").assert_outcomes(passed=4)
+    files = list((pytester.path / ".ci" / "baselines").glob("*.json"))
+    doc = baseline_json(pytester)
+    del doc["cases"]["test_k.py::test_attn[fast-16]"]
+    files[0].write_text(json.dumps(doc))
+    log = pytester.path / "order.log"
+    os.environ["ORDER_LOG"] = str(log)
+    try:
+        run(pytester, MODES["n2"], "--perfguard").assert_outcomes(passed=4)
+    finally:
+        del os.environ["ORDER_LOG"]
+    orders = [json.loads(line) for line in log.read_text().splitlines()]
+    cases = doc["cases"]
+    per_call = {k.split("::")[-1]: e["median_ns"] * (1 + 1 / e["ratio"]) for k, e in cases.items()}
+    stored = sorted(per_call, key=per_call.__getitem__, reverse=True)
+    assert stored[-1] == "test_attn[fast-8]", per_call  # other (2000 ns) before fast (1000 ns)
+    expected = ["test_attn[fast-16]", *stored]
+    assert orders == [expected, expected], orders
+    # without workers, the collection order stays
+    alone = run(pytester, MODES["no-xdist"], "--perfguard", "-v")
+    alone.stdout.fnmatch_lines(["*fast-8*", "*fast-16*", "*other-8*", "*other-16*"])
+
 
 H100 = "NVIDIA H100 80GB HBM3"
 L4 = "NVIDIA L4"

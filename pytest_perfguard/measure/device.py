@@ -12,14 +12,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import platform
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..judge.baseline import device_slug
+from .visible import cpu_model
 
 # Keys whose change makes stored timings incomparable. The driver is recorded but not compared: it
 # rarely moves kernel time, and machines of one model in a runner pool often differ in it.
@@ -29,17 +28,6 @@ COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "against_backe
 # the host's launch latency divided by the calls per sample, and their long ones one input placement.
 CUDA_TIMING = "cuda graph, stream held, 8+ input copies"
 UNHELD_TIMING = "cuda graph, stream idle"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
 
 
 def _triton_version() -> str | None:
@@ -96,24 +84,10 @@ def fingerprint(device: str) -> dict[str, Any]:
                 info["driver"] = _text(nv.nvmlSystemGetDriverVersion())
         info["slug"] = device_slug(props.name)
     else:
-        name = _cpu_model()
+        name = cpu_model()
         info.update(kind="cpu", name=name, capability=None, cores=os.cpu_count(), cuda=None, driver=None)
         info["slug"] = "cpu-" + device_slug(name)
     return info
-
-
-def gpu_names() -> list[str]:
-    """The visible CUDA GPUs' names, by CUDA index; none without CUDA. No CUDA context is made."""
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-
-
-def timing_gpus(names: Sequence[str], first: int = 0) -> list[int]:
-    """The GPUs a guarded run times on: every GPU of GPU `first`'s model. A case's baseline lives in its
-    model's file, and xdist hands cases to workers in no fixed order: on a host of two models, a case would
-    be timed on one model in one run and on the other in the next, and compared with nothing."""
-    return [i for i, name in enumerate(names) if name == names[first]] if names else []
 
 
 @functools.cache

@@ -40,7 +40,6 @@ from _pytest.runner import get_reraise_exceptions, runtestprotocol
 from ..judge.policy import BATCH_TIME_FACTOR, mean_threshold, process_mean, within_together
 from ..judge.verdict import Gate, Verdict
 from ..marker import MARK_NAME
-from ..measure.device import SESSION_PIDS_ENV, session_pids
 from ..record import CaseRecord, Confirmed, Outcome, RecordError, Status
 from ..report.writers import PATH_SETTINGS
 from ..settings import BY_NAME, Settings
@@ -198,6 +197,8 @@ def _child_env(settings: Settings, out: Path, total_budget: float, *, alone: boo
     """The fresh process's environment: this one's, with the settings handed over. Its results go to ``out``
     alone (the reports are this run's to write), and only its records count: strict and missing-baseline
     failures are this run's to decide."""
+    from ..measure.device import SESSION_PIDS_ENV, session_pids  # torch: not at import, see measure/visible.py
+
     env = dict(os.environ)
     env.pop("GITHUB_STEP_SUMMARY", None)
     env.update(settings.child_env())

@@ -35,7 +35,7 @@ from ..judge.policy import (
 from ..judge.policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
 from ..judge.policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
 from ..judge.verdict import MACHINE_MOVED, Policy
-from ..measure.device import fingerprint
+from ..measure.visible import cpu_model, cuda_gpus
 from ..record import CaseRecord, Outcome, Status
 from ..settings import Settings, shown
 
@@ -56,7 +56,9 @@ class SessionState:
     """Per-process run state (kept in config.stash)."""
 
     settings: Settings
-    device_info: dict[str, Any]
+    # the device dictionary (measure.device.fingerprint); None until first read (`device_info`): an xdist
+    # controller reads it once its workers run (xdist.Controller), so that they start without waiting for torch
+    fingerprint: dict[str, Any] | None = None
     baseline: bl.BaselineFile | None = None
     family_size: int = 1
     records: list[CaseRecord] = field(default_factory=list)
@@ -83,6 +85,24 @@ class SessionState:
     @property
     def kind(self) -> str:
         return "cuda" if self.settings.device.startswith("cuda") else "cpu"
+
+    @property
+    def device_info(self) -> dict[str, Any]:
+        if self.fingerprint is None:
+            from ..measure.device import fingerprint
+
+            self.fingerprint = fingerprint(self.settings.device)
+        return self.fingerprint
+
+    @property
+    def slug(self) -> str:
+        """The name of this device's baseline file, without importing torch (measure/visible.py)."""
+        if self.fingerprint is not None:
+            return str(self.fingerprint["slug"])
+        if self.kind == "cpu":
+            return "cpu-" + bl.device_slug(cpu_model())
+        gpus, index = cuda_gpus(), _index(self.settings.device)
+        return bl.device_slug(gpus[index].name) if index < len(gpus) else str(self.device_info["slug"])
 
     @property
     def noise_floor(self) -> float:
@@ -114,8 +134,16 @@ class SessionState:
         return self._prior[1]
 
 
-def make_state(settings: Settings, rootdir: Path | None = None) -> SessionState:
-    state = SessionState(settings=settings, device_info=fingerprint(settings.device))
+def _index(device: str) -> int:
+    return int(device.partition(":")[2] or 0)
+
+
+def make_state(settings: Settings, rootdir: Path | None = None, *, runs_cases: bool = True) -> SessionState:
+    """The process's state. A process that runs no case (an xdist controller) reads its device's fingerprint
+    later (`SessionState.device_info`)."""
+    state = SessionState(settings=settings)
+    if runs_cases:
+        state.device_info  # noqa: B018 (read now: a case's timing must not pay for it)
     if rootdir is not None:
         state.rootdir = rootdir
     return state
@@ -131,7 +159,7 @@ class RunSummary:
 
 def baseline_file(state: SessionState) -> Path:
     """The baseline file of this run's device (absolute: see settings.py on relative paths)."""
-    return state.settings.baseline_dir / f"{state.device_info['slug']}.json"
+    return state.settings.baseline_dir / f"{state.slug}.json"
 
 
 def aa_reading(r: CaseRecord) -> tuple[float, tuple[float, float]] | None:
@@ -183,10 +211,9 @@ def entry_of(
 def device_id(state: SessionState) -> str:
     """What a process sample names its device by: the GPU's UUID, or the host's CPU model."""
     if state.kind == "cuda":
-        from ..measure.device import lock_name
-
-        return lock_name(state.settings.device).removeprefix("gpu-")
-    return str(state.device_info.get("name") or "")
+        gpus, index = cuda_gpus(), _index(state.settings.device)
+        return gpus[index].uuid if index < len(gpus) else state.settings.device
+    return cpu_model()
 
 
 def _recordable(r: CaseRecord) -> bool:

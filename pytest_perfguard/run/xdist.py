@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from .. import settings as st
+from ..judge.baseline import BaselineEntry
 from ..marker import MARK_NAME
-from ..measure.device import gpu_names, timing_gpus
+from ..measure.visible import gpu_names as gpu_names  # re-exported: the seam tests fake GPUs at
+from ..measure.visible import timing_gpus
 from ..record import CaseRecord, Outcome, Status, dumps_records, loads_records
 from ..report.writers import PATH_SETTINGS
 from .progress import PROGRESS
@@ -136,6 +139,11 @@ def node_down(node: Any) -> None:
 # ---------------------------------------------------------------------------------------- GPUs per worker
 
 
+def is_controller(config: pytest.Config) -> bool:
+    """This process is an xdist controller: it starts workers and runs no case itself."""
+    return not is_worker(config) and getattr(config.option, "dist", "no") != "no"
+
+
 def worker_index(config: pytest.Config) -> int:
     """N of xdist worker gwN; 0 in a run without workers (and in the controller)."""
     worker = str(getattr(config, "workerinput", {}).get("workerid", "gw0"))
@@ -143,7 +151,7 @@ def worker_index(config: pytest.Config) -> int:
 
 
 def gpus_for(names: Sequence[str], *, enabled: bool) -> list[int]:
-    """The GPUs workers are spread over: under --perfguard those of cuda:0's model (device.timing_gpus),
+    """The GPUs workers are spread over: under --perfguard those of cuda:0's model (visible.timing_gpus),
     else all of them (correctness compares with no stored time)."""
     return timing_gpus(names) if enabled else list(range(len(names)))
 
@@ -240,6 +248,28 @@ def gpu_header(config: pytest.Config, settings: st.Settings) -> list[str]:
     return gpu_lines(gpu_names(), workers, enabled=settings.enabled, pinned=pinned)
 
 
+def longest_first(items: list[pytest.Item], stored: Mapping[str, BaselineEntry]) -> None:
+    """Order a worker's collection so that the perf cases with the longest stored kernel times come first; the
+    other items keep their places. xdist hands items out in collection order, a few at a time, and the seed
+    grid lists each variant's largest shape last: on a host with two H200s, one worker still timed
+    cuda_scalar S4096 (11 s) when the other had finished, 9 s of a 73 s run with one GPU idle
+    (benchmarks/results/two_gpu_h200_2026-11-27). Longest first, the last items handed out are the shortest.
+    A case is timed interleaved with its `against` call, so both times count; a case with no stored entry
+    goes first, its time unknown. Every worker reads the same baseline file, so every worker's collection
+    has the same order, as xdist requires."""
+
+    def seconds_per_call(item: pytest.Item) -> float:
+        entry = stored.get(item.nodeid)
+        if entry is None:
+            return math.inf
+        return entry.median_ns * (1.0 + 1.0 / entry.ratio if entry.ratio else 1.0)
+
+    places = [i for i, item in enumerate(items) if item.get_closest_marker(MARK_NAME) is not None]
+    ranked = sorted((items[i] for i in places), key=seconds_per_call, reverse=True)  # stable: ties keep order
+    for i, item in zip(places, ranked, strict=True):
+        items[i] = item
+
+
 def worker_paths(config: pytest.Config) -> dict[str, str] | None:
     """The paths the controller resolved, as a worker received them."""
     workerinput = getattr(config, "workerinput", None)
@@ -269,6 +299,12 @@ class Controller:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         self.shares.release(str(node.gateway.id))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: Sequence[str]) -> None:
+        """The device's fingerprint (torch's versions, the GPU's properties), for the summary and the files
+        written at the end: read while the workers run their cases, not before they start, nor at the end."""
+        state_of(self.config).device_info  # noqa: B018
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if getattr(report, ITEM_ATTR, False):
