@@ -52,15 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     torch is imported here, in every process that runs tests, and not in an xdist controller, which runs
     none: the plugin's controller starts its workers without it (measure/visible.py), tests/perf included.
-    In-process pytester runs restore sys.modules afterwards, dropping what they imported. torch._dynamo
-    (which torch.manual_seed imports on first use) registers a TORCH_LIBRARY when imported and cannot be
-    imported twice in one process, so it is imported here, before any inner run."""
-    if hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no":
+    """
+    if _ONE_THREAD and (hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no"):
         import torch
-        import torch._dynamo
 
-        if _ONE_THREAD:
-            torch.set_num_threads(1)
+        torch.set_num_threads(1)
     if _PYCACHE_DIR is not None:  # set by this process (the xdist controller), not inherited
         pycache = _PYCACHE_DIR
         config.add_cleanup(lambda: shutil.rmtree(pycache, ignore_errors=True))
@@ -103,6 +99,23 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import WorkStealingScheduling
 
     return WorkStealingScheduling(config, log)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In-process pytester runs restore sys.modules afterwards (to what it was when the test's pytester was
+    made), dropping what they imported; so does a test's end. What must stay is imported once, here, before
+    any pytester exists, in a process whose tests use it (tests/perf's never do, and it would cost each of
+    its processes seconds of CPU):
+
+    - torch._dynamo (which torch.manual_seed imports on first use) registers a TORCH_LIBRARY when imported
+      and cannot be imported twice in one process;
+    - the plugin's modules that it imports only when a case runs (an xdist controller never does): dropped
+      after a run, a module stays an attribute of its package, and the next run's
+      `from pytest_perfguard.run import timed` would patch that stale copy, not the one its cases use."""
+    if any("pytester" in getattr(item, "fixturenames", ()) for item in session.items):
+        import torch._dynamo  # noqa: F401
+
+        import pytest_perfguard.run.runner  # noqa: F401
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

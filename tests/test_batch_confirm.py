@@ -280,23 +280,25 @@ def test_a_timeout_before_the_batch_keeps_the_waiting_regressions_and_says_why(
 ) -> None:
     """A case hangs after two regressions wait for the batch: the session ends on the timeout, and the two
     are in the results as regressions that stand, unconfirmed, saying why (under xdist they travel to the
-    controller with the timed-out case's report; one worker runs every case, in order)."""
-    hang = "lambda q, k, v, causal: __import__('time').sleep(3600)"
+    controller with the timed-out case's report; one worker runs every case, the longest stored first: the
+    hanging one is stored at 10 ns, and hangs in the guard run only)."""
+    hang = "lambda *a, **k: __import__('time').sleep(3600) if os.environ.get('HANG') else timed(10)(*a, **k)"
     project.makepyfile(test_k=_four_cases().replace('"other": timed(2 * 1000)', f'"zhang": {hang}'))
-    record_baseline(project, "-k", "fast and (8 or 16)").assert_outcomes(passed=2, deselected=6)
+    selected = "(fast and (8 or 16)) or (zhang and 8)"
+    record_baseline(project, "-k", selected).assert_outcomes(passed=3, deselected=5)
     result = run(
         project,
         mode,
         "--perfguard",
         "-k",
-        "(fast and (8 or 16)) or (zhang and 8)",
+        selected,
         "--perfguard-confirm-max",
         "0",
         "--perfguard-case-timeout",
         "5",
         "--perfguard-json",
         "r.json",
-        env={"PLANT_SLOWDOWN": "1.5"},
+        env={"PLANT_SLOWDOWN": "1.5", "HANG": "1"},
         fresh=mode == NO_XDIST,  # the timeout ends the process
     )
     assert result.ret != 0
