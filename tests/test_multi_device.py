@@ -108,6 +108,33 @@ def test_the_controller_starts_its_workers_without_importing_torch(pytester: pyt
     result.stdout.fnmatch_lines(["*perfguard: * (cpu), torch 2.*"])
 
 
+FAKE_DRIVER = """
+from pytest_perfguard.measure import visible
+
+visible.torch_cuda_build = lambda: True
+GPUS = (visible.Gpu("Fake H100", "a-0"), visible.Gpu("Fake L4", "b-1"), visible.Gpu("Fake H100", "c-2"))
+visible._driver_gpus = lambda: GPUS
+"""
+
+
+@pytest.mark.slow
+def test_the_controller_names_the_gpus_and_the_baseline_file_from_the_driver(pytester: pytest.Pytester) -> None:
+    """Where the controller has not imported torch, the CUDA driver's list (faked here) names the GPUs it hands
+    out and the baseline file it reads; its workers, on this host without a GPU, run on the CPU."""
+    pytester.makepyfile(fakes=CONFTEST, test_k=_case().replace("from conftest import", "from fakes import"))
+    pytester.makeconftest(CONTROLLER_PROBE + FAKE_DRIVER)
+    result = pytester.runpytest_subprocess("-n", "2", "--perfguard", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "perfguard: baseline .ci/baselines/fake-h100.json (no such file yet)",
+            "perfguard: GPUs used: cuda:0, cuda:2 (Fake H100), one xdist worker each",
+            "perfguard: GPUs not used: cuda:1 (Fake L4): not the model of cuda:0*",
+        ]
+    )
+    assert (pytester.path / "controller.log").read_text().splitlines() == ["no torch", "no torch"]
+
+
 ORDER_LOG = """
 import json, os
 
