@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+CUDA_ERROR_NO_DEVICE = 100  # cuInit's answer where no GPU is visible (CUDA_VISIBLE_DEVICES="", none installed)
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -60,12 +62,15 @@ def cuda_gpus() -> tuple[Gpu, ...]:
         props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
         return tuple(Gpu(p.name, "".join(c for c in str(p.uuid) if c.isalnum() or c == "-")) for p in props)
     built = torch_cuda_build()
-    if built is None:  # torch's build could not be read from its files: ask torch itself
+    if built is False:
+        return ()
+    gpus = _driver_gpus() if built else None
+    if gpus is None:  # torch's build unread, or no driver library to ask (not Linux): torch answers
         import torch
 
         cuda_gpus.cache_clear()
         return cuda_gpus()
-    return _driver_gpus() if built else ()
+    return gpus
 
 
 def torch_cuda_build() -> bool | None:
@@ -84,21 +89,25 @@ def torch_cuda_build() -> bool | None:
     return found.group(1) != "None"
 
 
-def _driver_gpus() -> tuple[Gpu, ...]:
+def _driver_gpus() -> tuple[Gpu, ...] | None:
+    """The driver's GPUs; None where its library does not load, or it fails other than finding no device."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return ()
+        return None
     count, handle = ctypes.c_int(), ctypes.c_int()
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+    status = cuda.cuInit(0)
+    if status == CUDA_ERROR_NO_DEVICE:
         return ()
+    if status != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
     gpus = []
     for index in range(count.value):
         name, uuid = ctypes.create_string_buffer(256), ctypes.create_string_buffer(16)
         if cuda.cuDeviceGet(ctypes.byref(handle), index) != 0 or cuda.cuDeviceGetName(name, 256, handle) != 0:
-            return ()
+            return None
         if cuda.cuDeviceGetUuid(uuid, handle) != 0:
-            return ()
+            return None
         h = uuid.raw.hex()
         gpus.append(Gpu(name.value.decode(), f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"))
     return tuple(gpus)

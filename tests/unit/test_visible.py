@@ -47,12 +47,26 @@ def test_no_torch_installed_means_no_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert visible.torch_cuda_build() is False
 
 
-def test_without_a_driver_library_the_driver_lists_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_driver_library_the_driver_cannot_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None, not "no GPU": where the library has another name (not Linux), torch must answer instead."""
+
     def missing(name: str) -> ctypes.CDLL:
         raise OSError(f"{name}: cannot open shared object file")
 
     monkeypatch.setattr(ctypes, "CDLL", missing)
-    assert visible._driver_gpus() == ()
+    assert visible._driver_gpus() is None
+
+
+@pytest.mark.parametrize(("status", "expected"), [(visible.CUDA_ERROR_NO_DEVICE, ()), (999, None)])
+def test_a_driver_that_finds_no_device_lists_none_and_one_that_fails_cannot_answer(
+    monkeypatch: pytest.MonkeyPatch, status: int, expected: tuple[visible.Gpu, ...] | None
+) -> None:
+    class Driver:
+        def cuInit(self, flags: int) -> int:
+            return status
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Driver())
+    assert visible._driver_gpus() == expected
 
 
 def test_where_torch_is_imported_it_answers_and_the_driver_is_not_asked(monkeypatch: pytest.MonkeyPatch) -> None:
