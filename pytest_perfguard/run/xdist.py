@@ -258,14 +258,14 @@ def longest_first(items: list[pytest.Item], stored: Mapping[str, BaselineEntry])
     goes first, its time unknown. Every worker reads the same baseline file, so every worker's collection
     has the same order, as xdist requires."""
 
-    def seconds_per_call(item: pytest.Item) -> float:
+    def ns_per_call(item: pytest.Item) -> float:
         entry = stored.get(item.nodeid)
         if entry is None:
             return math.inf
         return entry.median_ns * (1.0 + 1.0 / entry.ratio if entry.ratio else 1.0)
 
     places = [i for i, item in enumerate(items) if item.get_closest_marker(MARK_NAME) is not None]
-    ranked = sorted((items[i] for i in places), key=seconds_per_call, reverse=True)  # stable: ties keep order
+    ranked = sorted((items[i] for i in places), key=ns_per_call, reverse=True)  # stable: ties keep order
     for i, item in zip(places, ranked, strict=True):
         items[i] = item
 
