@@ -12,6 +12,7 @@ import pytest
 from . import settings as st
 from .judge import baseline as bl
 from .marker import MARK_NAME, VARIANT_ARG, PerfCase
+from .measure.visible import device_index
 from .report.writers import asked
 from .run import xdist as xd
 from .run.session import (
@@ -50,7 +51,7 @@ def _pick_device(config: pytest.Config, wanted: str, *, enabled: bool) -> str:
     if not count:
         return "cpu"  # variants that need CUDA skip (or fail under --perfguard-require-gpu)
     device = wanted if wanted.startswith("cuda:") else xd.worker_gpu(config, enabled=enabled)
-    index = int(device.partition(":")[2] or 0)
+    index = device_index(device)
     if index >= count:
         raise pytest.UsageError(
             f"--perfguard-device {device}: this host has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"

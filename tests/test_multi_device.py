@@ -89,9 +89,16 @@ def test_the_summary_of_a_run_over_workers_names_their_gpus(
 CONTROLLER_PROBE = """
 import sys
 
-def pytest_configure_node(node):
+def _log(when):
     with open("controller.log", "a") as f:
-        f.write(("torch" if "torch" in sys.modules else "no torch") + "\\n")
+        f.write(("torch" if "torch" in sys.modules else "no torch") + when + "\\n")
+
+def pytest_configure_node(node):
+    _log("")
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        _log(" at the end")
 """
 
 
@@ -99,12 +106,14 @@ def pytest_configure_node(node):
 def test_the_controller_starts_its_workers_without_importing_torch(pytester: pytest.Pytester) -> None:
     """An xdist controller runs no case: it names the GPUs and the baseline file from the driver
     (measure/visible.py), so its workers start without waiting for its torch import (7 s on a fresh
-    two-H200 host). It reads the device's fingerprint once they run: the summary still names torch."""
+    two-H200 host). It takes the device's fingerprint from its first worker, and never imports torch: the
+    summary still names torch's version."""
     pytester.makepyfile(fakes=CONFTEST, test_k=_case().replace("from conftest import", "from fakes import"))
     pytester.makeconftest(CONTROLLER_PROBE)
     result = pytester.runpytest_subprocess("-n", "2", "--perfguard", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=4)
-    assert (pytester.path / "controller.log").read_text().splitlines() == ["no torch", "no torch"]
+    log = (pytester.path / "controller.log").read_text().splitlines()
+    assert log == ["no torch", "no torch", "no torch at the end"], log
     result.stdout.fnmatch_lines(["*perfguard: * (cpu), torch 2.*"])
 
 
@@ -132,7 +141,7 @@ def test_the_controller_names_the_gpus_and_the_baseline_file_from_the_driver(pyt
             "perfguard: GPUs not used: cuda:1 (Fake L4): not the model of cuda:0*",
         ]
     )
-    assert (pytester.path / "controller.log").read_text().splitlines() == ["no torch", "no torch"]
+    assert (pytester.path / "controller.log").read_text().splitlines()[:2] == ["no torch", "no torch"]
 
 
 ORDER_LOG = """
@@ -313,16 +322,20 @@ def test_the_device_lock_is_named_after_the_gpus_uuid(monkeypatch: pytest.Monkey
     """Two processes that number one GPU differently (CUDA_VISIBLE_DEVICES) take one lock for it."""
     import torch
 
-    from pytest_perfguard.measure import device
+    from pytest_perfguard.measure import device, visible
 
     class Props:
+        name = "NVIDIA H100 80GB HBM3"
         uuid = "58d5c8a0-1b2c-4d5e-8f90-a1b2c3d4e5f6"
 
     device.lock_name.cache_clear()
+    visible.cuda_gpus.cache_clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
     try:
         assert device.lock_name("cuda:1") == "gpu-58d5c8a0-1b2c-4d5e-8f90-a1b2c3d4e5f6"
         assert device.lock_name("cpu") == "cpu"
     finally:
         device.lock_name.cache_clear()
+        visible.cuda_gpus.cache_clear()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..judge.baseline import device_slug
-from .visible import cpu_model
+from .visible import cpu_model, cuda_gpus, device_index
 
 # Keys whose change makes stored timings incomparable. The driver is recorded but not compared: it
 # rarely moves kernel time, and machines of one model in a runner pool often differ in it.
@@ -94,14 +94,10 @@ def fingerprint(device: str) -> dict[str, Any]:
 def lock_name(device: str) -> str:
     """What the device lock is named after: a GPU's UUID, so that processes which number one GPU differently
     (CUDA_VISIBLE_DEVICES) take one lock for it, and two GPUs both called cuda:0 take two."""
-    if not device.startswith("cuda") or not torch.cuda.is_available():
+    if not device.startswith("cuda"):
         return device
-    dev = torch.device(device)
-    try:
-        uuid = str(torch.cuda.get_device_properties(dev.index if dev.index is not None else 0).uuid)
-    except Exception:
-        return device
-    return "gpu-" + "".join(c for c in uuid if c.isalnum() or c == "-")
+    gpus, index = cuda_gpus(), device_index(device)
+    return "gpu-" + gpus[index].uuid if index < len(gpus) else device
 
 
 SESSION_PIDS_ENV = "PERFGUARD_SESSION_PIDS"  # set for a confirmation process: the session it belongs to

@@ -47,6 +47,11 @@ def timing_gpus(names: Sequence[str], first: int = 0) -> list[int]:
     return [i for i, name in enumerate(names) if name == names[first]] if names else []
 
 
+def device_index(device: str) -> int:
+    """N of "cuda:N"; 0 for "cuda" (and "cpu")."""
+    return int(device.partition(":")[2] or 0)
+
+
 def gpu_names() -> list[str]:
     """The visible CUDA GPUs' names, by CUDA index; none without CUDA (or with a torch built without it)."""
     return [gpu.name for gpu in cuda_gpus()]

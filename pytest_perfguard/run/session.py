@@ -35,7 +35,7 @@ from ..judge.policy import (
 from ..judge.policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
 from ..judge.policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
 from ..judge.verdict import MACHINE_MOVED, Policy
-from ..measure.visible import cpu_model, cuda_gpus
+from ..measure.visible import cpu_model, cuda_gpus, device_index
 from ..record import CaseRecord, Outcome, Status
 from ..settings import Settings, shown
 
@@ -57,7 +57,7 @@ class SessionState:
 
     settings: Settings
     # the device dictionary (measure.device.fingerprint); None until first read (`device_info`): an xdist
-    # controller reads it once its workers run (xdist.Controller), so that they start without waiting for torch
+    # controller takes its first worker's (xdist.node_down), so that it never waits for torch
     fingerprint: dict[str, Any] | None = None
     baseline: bl.BaselineFile | None = None
     family_size: int = 1
@@ -101,7 +101,7 @@ class SessionState:
             return str(self.fingerprint["slug"])
         if self.kind == "cpu":
             return "cpu-" + bl.device_slug(cpu_model())
-        gpus, index = cuda_gpus(), _index(self.settings.device)
+        gpus, index = cuda_gpus(), device_index(self.settings.device)
         return bl.device_slug(gpus[index].name) if index < len(gpus) else str(self.device_info["slug"])
 
     @property
@@ -132,10 +132,6 @@ class SessionState:
             spreads = (prior_spread([e.noise for e in entries]), prior_spread([e.ratio_noise for e in entries]))
             self._prior = (key, spreads)
         return self._prior[1]
-
-
-def _index(device: str) -> int:
-    return int(device.partition(":")[2] or 0)
 
 
 def make_state(settings: Settings, rootdir: Path | None = None, *, runs_cases: bool = True) -> SessionState:
@@ -211,7 +207,7 @@ def entry_of(
 def device_id(state: SessionState) -> str:
     """What a process sample names its device by: the GPU's UUID, or the host's CPU model."""
     if state.kind == "cuda":
-        gpus, index = cuda_gpus(), _index(state.settings.device)
+        gpus, index = cuda_gpus(), device_index(state.settings.device)
         return gpus[index].uuid if index < len(gpus) else state.settings.device
     return cpu_model()
 

@@ -22,8 +22,8 @@ import pytest
 from .. import settings as st
 from ..judge.baseline import BaselineEntry
 from ..marker import MARK_NAME
+from ..measure.visible import device_index, timing_gpus
 from ..measure.visible import gpu_names as gpu_names  # re-exported: the seam tests fake GPUs at
-from ..measure.visible import timing_gpus
 from ..record import CaseRecord, Outcome, Status, dumps_records, loads_records
 from ..report.writers import PATH_SETTINGS
 from .progress import PROGRESS
@@ -117,6 +117,8 @@ def worker_output(config: pytest.Config) -> None:
             "deselected": merged.deselected,
             "family_size": state.family_size,
             "warmups": state.warmups,
+            "device": state.settings.device,
+            "fingerprint": state.fingerprint,
         }
     )
 
@@ -134,6 +136,10 @@ def node_down(node: Any) -> None:
     state = state_of(config)
     state.family_size = max(state.family_size, int(data.get("family_size", 1)))
     state.warmups.extend(data.get("warmups", []))
+    if state.fingerprint is None and data.get("fingerprint") and data.get("device") == state.settings.device:
+        # The controller's device is its first worker's (worker_gpu): that worker's fingerprint is the one it
+        # would read, without importing torch (measure/visible.py). Where no worker reports it, it reads its own.
+        state.fingerprint = data["fingerprint"]
 
 
 # ---------------------------------------------------------------------------------------- GPUs per worker
@@ -243,7 +249,7 @@ def gpu_header(config: pytest.Config, settings: st.Settings) -> list[str]:
         return []
     distributed = getattr(config.option, "dist", "no") != "no"
     workers = int(getattr(config.option, "numprocesses", 0) or 0) if distributed else 0
-    index = int(settings.device.partition(":")[2] or 0)
+    index = device_index(settings.device)
     pinned = index if workers == 0 or st.from_config(config).device.startswith("cuda:") else None
     return gpu_lines(gpu_names(), workers, enabled=settings.enabled, pinned=pinned)
 
@@ -299,12 +305,6 @@ class Controller:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         self.shares.release(str(node.gateway.id))
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: Sequence[str]) -> None:
-        """The device's fingerprint (torch's versions, the GPU's properties), for the summary and the files
-        written at the end: read while the workers run their cases, not before they start, nor at the end."""
-        state_of(self.config).device_info  # noqa: B018
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if getattr(report, ITEM_ATTR, False):
