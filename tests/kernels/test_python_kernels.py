@@ -213,13 +213,13 @@ def _run_interpreter_child(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def triton_run(tmp_path_factory: pytest.TempPathFactory) -> TritonRun:
+def triton_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TritonRun:
     """The interpreter child's results, computed once per session: under xdist the first worker to need
     them runs the child (about a minute of CPU), and a worker that took some of these tests reads its file
     instead of running it again. The outputs are checked against the child's seed."""
     pytest.importorskip("triton")
     base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(request.config, "workerinput"):
         base = base.parent  # the session's folder, shared by its workers
     path = base / "triton-interpreter-outs.pt"
     unavailable = path.with_suffix(".unavailable")
