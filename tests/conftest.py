@@ -50,8 +50,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """The device and file locks of the runs this suite starts live in a folder of the suite's own (xdist
     workers inherit it), so they never wait on another pytest session of this machine, or it on them.
 
-    torch is imported here, in every process that runs tests, and not in an xdist controller, which runs
-    none: the plugin's controller starts its workers without it (measure/visible.py), tests/perf included.
+    The one intra-op thread is set here, in every process that runs tests, and not in an xdist controller,
+    which runs none and imports no torch (measure/visible.py), tests/perf's included.
     """
     if _ONE_THREAD and (hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no"):
         import torch
