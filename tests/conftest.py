@@ -7,6 +7,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,6 +87,13 @@ def pytester(
         yield pytester
 
 
+def _guarded_suite_only(config: pytest.Config) -> bool:
+    """Whether every path the run was given lies in tests/perf."""
+    perf = Path(__file__).parent / "perf"
+    paths = [Path(config.invocation_params.dir, arg.split("::")[0]).resolve() for arg in config.args]
+    return bool(paths) and all(path == perf or perf in path.parents for path in paths)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `-n N` with xdist's default distribution, let an idle worker take queued tests from a busy one.
@@ -93,8 +101,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     The slow tests sit together in a few modules (tests/test_plugin.py, tests/test_workflows.py). The
     default scheduler hands out large batches early, so at the end of a run one worker can hold minutes of
     them while the other has nothing left to do; work stealing (`--dist worksteal`) moves them.
+
+    A run of the guarded suite alone (tests/perf) keeps xdist's own scheduler: it is the plugin's first
+    user, and its timings on a multi-GPU host should be what a user's suite gets.
     """
-    if config.getvalue("dist") != "load":
+    if config.getvalue("dist") != "load" or _guarded_suite_only(config):
         return None
     from xdist.scheduler import WorkStealingScheduling
 
