@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The guarded suite on a host with two or more GPUs: `-n 0` (one GPU) against `-n 2` (one worker per GPU),
 # A/A in A/B mode (against HEAD: commit first, so that every case compares identical code), and a planted
-# +5% judged both ways. Run from the repository root; steps in order, e.g. `aa1 aa2 aa3 plant`:
+# +5% judged both ways. Run from the repository root; steps in order, e.g. `build aa1 aa2 aa3 plant`:
 #   update  --perfguard-update-baseline with `-n 2`: the host's own baseline, with the A/A readings that give
 #           each case its own A/B offset (policy.case_offset); the file is copied to OUT
+#   build   one A/B case per variant (`-n 0`, B1-H1-S128), no confirmation: builds the tree's and the base
+#           revision's CUDA extensions, so that the pairs after it all find them built (the first A/B run on a
+#           fresh host builds them inside its first case: 23-57 s on 2026-11-27, which favours `-n 2` when
+#           `-n 0` comes first)
 #   aa<N>   one `-n 0` run, then one `-n 2` run, A/A against HEAD
 #   plant   the +5% of benchmarks/_plant_kernel.py in triton_flash and cuda_wmma against HEAD, `-n 0` then
 #           `-n 2`, no confirmation (the verdicts are compared case by case)
@@ -34,6 +38,7 @@ run() {  # name, pytest arguments...
 for step in "$@"; do
   case $step in
     update) run update -n 2 --perfguard-update-baseline; cp "$bl"/*.json "$out/" ;;
+    build) run build -n 0 --perfguard --perfguard-against HEAD --perfguard-no-confirm -k "B1-H1-S128" ;;
     aa*)   for n in 0 2; do run "${step}_n$n" -n "$n" --perfguard --perfguard-against HEAD; done ;;
     plant) suite_plant_on "$out"
            for n in 0 2; do
