@@ -6,7 +6,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/extension.h>
+#include <torch/python.h>  // not torch/extension.h, whose torch/all.h is a third of this file's compile time
 
 #include <cstdint>
 #include <string>
