@@ -8,6 +8,10 @@
 #           revision's CUDA extensions, so that the pairs after it all find them built (the first A/B run on a
 #           fresh host builds them inside its first case: 23-57 s on 2026-11-27, which favours `-n 2` when
 #           `-n 0` comes first)
+#           (its verdicts are no A/A evidence: no fresh-process confirmation, so a per-process offset stands)
+#   fresh   on a fresh host with no built extensions, before any other step: `-n 2` as the first A/B run
+#           (both workers wait on the builds inside their first CUDA cases, as a fresh runner's first job
+#           does), then `-n 0` and `-n 2` again on the built extensions, A/A against HEAD
 #   aa<N>   one `-n 0` run, then one `-n 2` run, A/A against HEAD
 #   plant   the +5% of benchmarks/_plant_kernel.py in triton_flash and cuda_wmma against HEAD, `-n 0` then
 #           `-n 2`, no confirmation (the verdicts are compared case by case)
@@ -39,6 +43,9 @@ for step in "$@"; do
   case $step in
     update) run update -n 2 --perfguard-update-baseline; cp "$bl"/*.json "$out/" ;;
     build) run build -n 0 --perfguard --perfguard-against HEAD --perfguard-no-confirm -k "B1-H1-S128" ;;
+    fresh) for name in first_n2 built_n0 built_n2; do
+             run "$name" -n "${name: -1}" --perfguard --perfguard-against HEAD
+           done ;;
     aa*)   for n in 0 2; do run "${step}_n$n" -n "$n" --perfguard --perfguard-against HEAD; done ;;
     plant) suite_plant_on "$out"
            for n in 0 2; do
