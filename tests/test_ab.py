@@ -242,3 +242,71 @@ def test_not_a_repository_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess("--perfguard-against", "HEAD~1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*is not in a git repository*"])
+
+
+REQUIRES_TEST = '''
+import os
+import time
+import torch
+from pytest_perfguard import Variant, perf_case
+from fakeclock import CLOCK
+from conftest import reference, timed
+
+SIDE = "base" if __name__.startswith("_perfguard_base") else "head"  # the base module's name (ab.py)
+
+
+def built_beside_the_other():
+    """Stands for a requirement that builds (kernels/cuda_ext.py): each revision's copy marks that it
+    started and waits for the other's mark, so it is met only while both run at the same time."""
+    here = os.environ["RENDEZVOUS"]
+    open(os.path.join(here, SIDE), "w").close()
+    other = os.path.join(here, "head" if SIDE == "base" else "base")
+    until = time.monotonic() + 15
+    while time.monotonic() < until:
+        if os.path.exists(other):
+            return None
+        time.sleep(0.005)
+    return f"the {SIDE} copy's requirement ran alone"
+
+
+def missing_at_base():
+    return "needs the new intrinsics" if SIDE == "base" else None
+
+
+@perf_case(
+    variants={"built": Variant(timed(1000), requires=built_beside_the_other)},
+    reference=reference, against=timed(1000), clock=CLOCK,
+)
+def test_beside(perfguard_device):
+    return tuple(torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3)), {}
+
+
+@perf_case(
+    variants={"newer": Variant(timed(1000), requires=missing_at_base)},
+    reference=reference, against=timed(1000), clock=CLOCK,
+)
+def test_unmet_at_base(perfguard_device):
+    return tuple(torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3)), {}
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["no-xdist", "n2"])
+def test_the_base_twins_requirements_run_beside_the_heads_and_an_unmet_one_is_no_base(
+    repo: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A requirement that builds (the CUDA extension) is paid once per revision in a fresh runner's first
+    case: the base twin's is evaluated in a thread while the head's is, so the builds overlap. A base
+    revision whose copy of the variant cannot run is "no base" with that copy's reason."""
+    (repo.path / "test_req.py").write_text(REQUIRES_TEST)
+    _git(repo.path, "add", "test_req.py")
+    _git(repo.path, "commit", "-qm", "requirements")
+    monkeypatch.setenv("RENDEZVOUS", str(tmp_path))
+    result = run(repo, MODES[mode], "test_req.py", "--perfguard-against", "HEAD", "--perfguard-json", "r.json")
+    result.assert_outcomes(passed=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "head"]
+    by_id = records(repo)
+    assert by_id["test_beside[built]"]["verdict"] == "pass"
+    unmet = by_id["test_unmet_at_base[newer]"]
+    assert unmet["verdict"] == "no base"
+    assert unmet["reasons"][0] == "no base: at HEAD the variant cannot run: needs the new intrinsics"

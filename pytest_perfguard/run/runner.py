@@ -11,6 +11,7 @@ import contextlib
 import gc
 import os
 import shutil
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -87,6 +88,7 @@ class Runner:
         # A regression past the single confirmations: the record, verdict and whether the variant is the
         # reference, concluded when the batch has confirmed it (confirm.Batch, conclude_deferred).
         self._deferred: tuple[CaseRecord, Verdict, bool] | None = None
+        self._base_unmet: str | None = None  # the base twin's unmet requirement (A/B runs), read when pairing
 
     # ------------------------------------------------------------------------------------------ frame
 
@@ -246,7 +248,7 @@ class Runner:
         twin = None
         if s.against:
             self._stage = "pairing with the base revision"
-            twin = step.pair(trial, record)
+            twin = step.pair(trial, record, self._base_unmet)
         self._stage = "integrity checks"
         flag = checks.before_timing(trial, report, probe)
         if flag:
@@ -276,7 +278,8 @@ class Runner:
 
     def _runnable(self, record: CaseRecord, variant: Variant) -> bool:
         s = self.state.settings
-        reason = unmet_requirement(variant.requires, s.device)
+        with self._base_requirements_beside(record.variant):
+            reason = unmet_requirement(variant.requires, s.device)
         if reason:
             record.reasons = [reason]
             if s.require_gpu and not torch.cuda.is_available():
@@ -287,6 +290,43 @@ class Runner:
             record.reasons = [f"not run: CUDA context poisoned by {self.state.poisoned_by}"]
             return False
         return True
+
+    @contextlib.contextmanager
+    def _base_requirements_beside(self, variant_name: str) -> Iterator[None]:
+        """In an A/B run, the base twin's requirements are evaluated in a thread while the head's are.
+
+        A requirement may build what the variant needs on first use (kernels/cuda_ext.py compiles its
+        extension there); the base revision's copy is a second build of its own. Side by side, a fresh
+        runner's first case waits for the longer build, not for both one after the other. The thread makes
+        the case's device current, as every step of a case does; its answer is read when the case is paired
+        (an unmet base requirement is "no base", with its reason). The twin is looked up here, in the
+        calling thread: importing the base module swaps modules process-wide (ab.py) and must not overlap
+        anything else.
+        """
+        base = self.state.base
+        self._base_unmet = None
+        twin = base.twin(self.item, variant_name) if base is not None and not self.state.poisoned_by else None
+        if twin is None or not twin.ok or twin.variant is None or twin.variant.requires is None:
+            yield
+            return
+        requires, device = twin.variant.requires, self.state.settings.device
+        on_cuda = self.state.kind == "cuda"
+        answer: list[str | None] = []
+
+        def check_base() -> None:
+            try:
+                with torch.cuda.device(torch.device(device)) if on_cuda else contextlib.nullcontext():
+                    answer.append(unmet_requirement(requires, device))
+            except Exception as exc:  # the string requirements' checks; callables' raises are reasons already
+                answer.append(f"its requirement check raised {type(exc).__name__}: {exc}")
+
+        thread = threading.Thread(target=check_base, name="perfguard-base-requirements", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+        self._base_unmet = answer[0] if answer else "its requirement check ended without an answer"
 
     def _correctness(
         self,

@@ -59,13 +59,16 @@ class TimedStep:
 
     # ------------------------------------------------------------------------- the base revision's twin
 
-    def pair(self, trial: Trial, record: CaseRecord) -> Twin:
-        """The case at the base revision, checked: same workload, correct on the same inputs."""
+    def pair(self, trial: Trial, record: CaseRecord, base_unmet: str | None = None) -> Twin:
+        """The case at the base revision, checked: its requirements met (`base_unmet`, evaluated beside the
+        head's by the runner), same workload, correct on the same inputs."""
         base = self.state.base
         assert base is not None
         twin: Twin = base.twin(self.item, trial.variant_name)
         if not twin.ok:
             return twin
+        if base_unmet:
+            return Twin(Status.NO_BASE, f"no base: at {base.rev} the variant cannot run: {base_unmet}")
         assert twin.variant is not None
         args = base_arguments(twin.factory, trial.params)
         if isinstance(args, str):
