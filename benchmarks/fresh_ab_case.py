@@ -44,14 +44,17 @@ def run_once(checkout: Path, case: str) -> dict[str, object]:
             "-n", "0", "-q", "--perfguard", "--perfguard-against", "HEAD",
             "--perfguard-no-confirm", f"--perfguard-json={results}", f"--perfguard-baseline-dir={scratch / 'bl'}",
         ]  # fmt: skip
-        start = time.perf_counter()
+        started, start = time.time(), time.perf_counter()
         proc = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - start
         if proc.returncode not in (0, 1) or not results.exists():  # 1: the case failed, its verdict is a result
             tail = proc.stdout[-3000:] + proc.stderr[-2000:]
             raise SystemExit(f"the run in {checkout} failed ({proc.returncode}):\n{tail}")
         (record,) = json.loads(results.read_text())["results"]
-    return {"wall_s": wall, "case_s": record["case_s"], "verdict": record["verdict"], "rc": proc.returncode}
+    return {
+        "wall_s": wall, "case_s": record["case_s"], "verdict": record["verdict"], "rc": proc.returncode,
+        "started": round(started, 1),  # epoch seconds, to line the run up with a memory or clock trace
+    }  # fmt: skip
 
 
 def main() -> None:
