@@ -322,10 +322,8 @@ class Runner:
 
         thread = threading.Thread(target=check_base, name="perfguard-base-requirements", daemon=True)
         thread.start()
-        try:
-            yield
-        finally:
-            thread.join()
+        yield  # what the head's check raises (an interrupt) leaves without waiting for the base's build
+        thread.join()
         self._base_unmet = answer[0] if answer else "its requirement check ended without an answer"
 
     def _correctness(
