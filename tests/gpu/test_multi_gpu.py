@@ -3,13 +3,15 @@
 On the worker that owned cuda:1, graph captures, events and Triton launches used the current device,
 cuda:0: replays wrote nothing the integrity check read, and Triton refused cuda:1's pointers. The suite
 below notes, at every Python call of its variants (correctness, warm-up, capture, the base revision's
-twin), the current device, the current stream's device and whether a capture is under way, and fails
-any call made with another device current than its tensors'. A Triton kernel with no device guard of
-its own and an output allocated on the current device break the way the report saw.
+twin) and of a requirement check (the head's, and the base twin's in its own thread), the current device,
+the current stream's device and whether a capture is under way, and fails any call made with another
+device current than its tensors'. A Triton kernel with no device guard of its own and an output allocated
+on the current device break the way the report saw.
 
-Needs two GPUs, and the plugin installed (the runs it starts load it through its entry point). On such a
-host, from the repository root: `python -m pytest tests/gpu/test_multi_gpu.py -p no:xdist -v` (each test
-starts its own runs, with and without xdist workers).
+Needs two GPUs, and the plugin installed (the runs it starts load it through its entry point) or named by
+`PYTEST_PLUGINS=pytest_perfguard.plugin` with the checkout on `PYTHONPATH`. On such a host, from the
+repository root: `python -m pytest tests/gpu/test_multi_gpu.py -p no:xdist -v` (each test starts its own
+runs, with and without xdist workers).
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ try:
 except ImportError:
     triton = None
 
-# (what, current device, tensors' device, current stream's device, capturing): read by conftest.py
-SEEN = set()
+# (what, current device, tensors' device, current stream's device, capturing): read by conftest.py. The set
+# lives in a module that is not committed, so this module and the base revision's copy of it share it.
+from seen import SEEN
 
 
 def _note(what, x):
@@ -95,6 +98,10 @@ def triton_double(x):
 
 
 def _no_triton():
+    # Checked for this copy and, in a thread beside it, for the base revision's: each with the case's device
+    # current, since a check may build or query the device.
+    current, copy = torch.cuda.current_device(), "head" if __name__ == "test_suite" else "base"
+    SEEN.add((f"requires {{copy}}", current, current, torch.cuda.current_stream().device.index, False))
     return None if triton is not None else "needs triton"
 
 
@@ -120,7 +127,7 @@ from pathlib import Path
 
 
 def pytest_sessionfinish(session):
-    mod = sys.modules.get("test_suite")
+    mod = sys.modules.get("seen")
     if mod is not None and mod.SEEN:
         Path(f"seen-{os.getpid()}.json").write_text(json.dumps(sorted(mod.SEEN)))
 """
@@ -140,7 +147,8 @@ def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     pytest.importorskip("triton", reason="the suite's kernel without a device guard is a Triton kernel")
     pytester.makepyfile(test_suite=SUITE.format(slow=""))
     pytester.makeconftest(CONFTEST)
-    (pytester.path / ".gitignore").write_text("seen-*.json\n*.json\n__pycache__/\n.ci/\n")
+    (pytester.path / "seen.py").write_text("SEEN = set()\n")  # not committed: one set for head and base
+    (pytester.path / ".gitignore").write_text("seen.py\nseen-*.json\n*.json\n__pycache__/\n.ci/\n")
     _git(pytester.path, "init", "-q", "-b", "main")
     _git(pytester.path, "add", "-A")
     _git(pytester.path, "commit", "-qm", "base")
@@ -172,6 +180,7 @@ def _devices(p: pytest.Pytester) -> list[int]:
     call in it is found to have had its tensors' device current and on the current stream; and over all of
     them, every variant was captured in a CUDA graph."""
     captured: set[str] = set()
+    noted: set[str] = set()
     devices = []
     for path in sorted(p.path.glob("seen-*.json")):
         entries = [tuple(x) for x in json.loads(path.read_text())]
@@ -182,7 +191,9 @@ def _devices(p: pytest.Pytester) -> list[int]:
         assert current == tensors == stream, f"{path.name}: {entries[:5]}"
         devices.append(int(current))
         captured |= {what for what, *_, capturing in entries if capturing}
+        noted |= {str(entry[0]) for entry in entries}
     assert {"plain", "current_alloc", "slow", "triton"} <= captured, f"calls captured in a graph: {sorted(captured)}"
+    assert {"requires head", "requires base"} <= noted, f"requirement checks noted: {sorted(noted)}"
     return devices
 
 
