@@ -39,6 +39,10 @@ _REQUIREMENT_HELP = (
 class Variant:
     """One implementation under guard, with what it needs and its own limits.
 
+    requires: what the variant needs; a callable returns a skip reason or None, and may do one-time work
+    (compile an extension). In an A/B run the base revision's copy of it is called in another thread while
+    the head's runs, with the case's device current in both: state the two copies share (in a module the
+    base revision does not provide) needs a lock of its own.
     not_kernels: substrings of operator or kernel names the variant declares it never runs (e.g.
     "scaled_dot_product" for a kernel that claims to replace SDPA). Under --perfguard the correctness gate's
     last call is profiled; a name that matches fails the case as a silent fallback.
