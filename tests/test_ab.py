@@ -310,3 +310,54 @@ def test_the_base_twins_requirements_run_beside_the_heads_and_an_unmet_one_is_no
     unmet = by_id["test_unmet_at_base[newer]"]
     assert unmet["verdict"] == "no base"
     assert unmet["reasons"][0] == "no base: at HEAD the variant cannot run: needs the new intrinsics"
+
+
+INTERRUPTED_TEST = """
+import os
+import time
+import torch
+from pytest_perfguard import Variant, perf_case
+from fakeclock import CLOCK
+from conftest import reference, timed
+
+SIDE = "base" if __name__.startswith("_perfguard_base") else "head"
+
+
+def interrupted_while_the_base_builds():
+    here = os.environ["RENDEZVOUS"]
+    if SIDE == "head":
+        until = time.monotonic() + 30
+        while not os.path.exists(os.path.join(here, "base-started")) and time.monotonic() < until:
+            time.sleep(0.005)
+        raise KeyboardInterrupt  # Ctrl-C while the base revision's copy still builds
+    open(os.path.join(here, "base-started"), "w").close()
+    time.sleep(120)
+    open(os.path.join(here, "base-done"), "w").close()
+
+
+@perf_case(
+    variants={"built": Variant(timed(1000), requires=interrupted_while_the_base_builds)},
+    reference=reference, against=timed(1000), clock=CLOCK,
+)
+def test_interrupted(perfguard_device):
+    return tuple(torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3)), {}
+"""
+
+
+@pytest.mark.slow
+def test_an_interrupt_during_the_heads_build_does_not_wait_for_the_bases(
+    repo: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the head's requirement builds ends the run at once, the base twin's build still going
+    (a daemon thread), rather than after it."""
+    (repo.path / "test_interrupted.py").write_text(INTERRUPTED_TEST)
+    _git(repo.path, "add", "test_interrupted.py")
+    _git(repo.path, "commit", "-qm", "interrupted")
+    monkeypatch.setenv("RENDEZVOUS", str(tmp_path))
+    # A process of its own: an interrupt ends it (in-process, pytester raises it into this test). Joining
+    # the base's thread would hold it for the base requirement's 120 s, past the timeout.
+    result = repo.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", "test_interrupted.py", "--perfguard-against", "HEAD", timeout=90
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
+    assert (tmp_path / "base-started").exists() and not (tmp_path / "base-done").exists()
