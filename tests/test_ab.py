@@ -244,7 +244,9 @@ def test_not_a_repository_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*is not in a git repository*"])
 
 
-REQUIRES_TEST = '''
+# Inner test modules whose variants' requirements tell the head's copy from the base revision's (imported
+# under a name of its own, ab.py) and meet or wait on each other through files in $RENDEZVOUS.
+REQUIRES_HEADER = """
 import os
 import time
 import torch
@@ -252,15 +254,33 @@ from pytest_perfguard import Variant, perf_case
 from fakeclock import CLOCK
 from conftest import reference, timed
 
-SIDE = "base" if __name__.startswith("_perfguard_base") else "head"  # the base module's name (ab.py)
+SIDE = "base" if __name__.startswith("_perfguard_base") else "head"
+HERE = os.environ["RENDEZVOUS"]
+"""
 
+
+def requires_case(name: str, requirement: str) -> str:
+    """An inner perf case `test_<name>` with one variant, `<name>`, that requires `requirement`."""
+    return f"""
+
+@perf_case(
+    variants={{"{name}": Variant(timed(1000), requires={requirement})}},
+    reference=reference, against=timed(1000), clock=CLOCK,
+)
+def test_{name}(perfguard_device):
+    return tuple(torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3)), {{}}
+"""
+
+
+REQUIRES_TEST = (
+    REQUIRES_HEADER
+    + '''
 
 def built_beside_the_other():
     """Stands for a requirement that builds (kernels/cuda_ext.py): each revision's copy marks that it
     started and waits for the other's mark, so it is met only while both run at the same time."""
-    here = os.environ["RENDEZVOUS"]
-    open(os.path.join(here, SIDE), "w").close()
-    other = os.path.join(here, "head" if SIDE == "base" else "base")
+    open(os.path.join(HERE, SIDE), "w").close()
+    other = os.path.join(HERE, "head" if SIDE == "base" else "base")
     until = time.monotonic() + 15
     while time.monotonic() < until:
         if os.path.exists(other):
@@ -271,23 +291,10 @@ def built_beside_the_other():
 
 def missing_at_base():
     return "needs the new intrinsics" if SIDE == "base" else None
-
-
-@perf_case(
-    variants={"built": Variant(timed(1000), requires=built_beside_the_other)},
-    reference=reference, against=timed(1000), clock=CLOCK,
-)
-def test_beside(perfguard_device):
-    return tuple(torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3)), {}
-
-
-@perf_case(
-    variants={"newer": Variant(timed(1000), requires=missing_at_base)},
-    reference=reference, against=timed(1000), clock=CLOCK,
-)
-def test_unmet_at_base(perfguard_device):
-    return tuple(torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3)), {}
 '''
+    + requires_case("beside", "built_beside_the_other")
+    + requires_case("unmet_at_base", "missing_at_base")
+)
 
 
 @pytest.mark.slow
@@ -306,42 +313,28 @@ def test_the_base_twins_requirements_run_beside_the_heads_and_an_unmet_one_is_no
     result.assert_outcomes(passed=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "head"]
     by_id = records(repo)
-    assert by_id["test_beside[built]"]["verdict"] == "pass"
-    unmet = by_id["test_unmet_at_base[newer]"]
+    assert by_id["test_beside[beside]"]["verdict"] == "pass"
+    unmet = by_id["test_unmet_at_base[unmet_at_base]"]
     assert unmet["verdict"] == "no base"
     assert unmet["reasons"][0] == "no base: at HEAD the variant cannot run: needs the new intrinsics"
 
 
-INTERRUPTED_TEST = """
-import os
-import time
-import torch
-from pytest_perfguard import Variant, perf_case
-from fakeclock import CLOCK
-from conftest import reference, timed
-
-SIDE = "base" if __name__.startswith("_perfguard_base") else "head"
-
+INTERRUPTED_TEST = (
+    REQUIRES_HEADER
+    + """
 
 def interrupted_while_the_base_builds():
-    here = os.environ["RENDEZVOUS"]
     if SIDE == "head":
         until = time.monotonic() + 30
-        while not os.path.exists(os.path.join(here, "base-started")) and time.monotonic() < until:
+        while not os.path.exists(os.path.join(HERE, "base-started")) and time.monotonic() < until:
             time.sleep(0.005)
         raise KeyboardInterrupt  # Ctrl-C while the base revision's copy still builds
-    open(os.path.join(here, "base-started"), "w").close()
+    open(os.path.join(HERE, "base-started"), "w").close()
     time.sleep(120)
-    open(os.path.join(here, "base-done"), "w").close()
-
-
-@perf_case(
-    variants={"built": Variant(timed(1000), requires=interrupted_while_the_base_builds)},
-    reference=reference, against=timed(1000), clock=CLOCK,
-)
-def test_interrupted(perfguard_device):
-    return tuple(torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3)), {}
+    open(os.path.join(HERE, "base-done"), "w").close()
 """
+    + requires_case("interrupted", "interrupted_while_the_base_builds")
+)
 
 
 @pytest.mark.slow
