@@ -196,6 +196,12 @@ def test_a_speedup_is_faster_only_when_a_fresh_process_sees_it_too(
     text = " ".join(result.stdout.str().split())  # the note under the pass row, wrapped to the table's width
     assert "not confirmed: time vs base revision -" in text and "but pass in a fresh one" in text
     assert newv["verdict"] == "faster" and newv["confirmation"]["verdict"] == "faster"
+    # no baseline, so no A/A reading of the case: the claim says what could still explain it
+    ab_newv = next(g for g in newv["gates"] if g["gate"] == "ab")
+    assert ab_newv["reason"].endswith(
+        "; no A/A reading of this case is stored, and only those rule out a per-process offset between its two"
+        " copies (an update on a clean checkout stores them)"
+    )
     assert any(r.startswith("confirmed in a fresh process: time vs base revision -10") for r in newv["reasons"])
 
 

@@ -32,8 +32,10 @@ import torch
 from fakeclock import CLOCK
 
 RNG = random.Random(4321)
-# The base revision's copy of this module is imported as _perfguard_base_<sha>.conftest.
-OFFSET = 0.97 if __name__.startswith("_perfguard_base_") and os.environ.get("PLANT_AA_OFFSET") else 1.0
+# The base revision's copy of this module is imported as _perfguard_base_<sha>.conftest; "slower" plants
+# the offset the other way.
+PLANT = os.environ.get("PLANT_AA_OFFSET")
+OFFSET = (1.03 if PLANT == "slower" else 0.97) if __name__.startswith("_perfguard_base_") and PLANT else 1.0
 
 def reference(q, k, v):
     return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
@@ -193,6 +195,17 @@ def test_an_update_stores_a_readings_and_later_ab_runs_count_their_fit(
     regressed = [name for name, r in verdicts.items() if r["verdict"] == "regressed"]
     assert len(regressed) >= 4 and "a-8" not in regressed, {n: r["verdict"] for n, r in verdicts.items()}
     assert result.ret == 1
+
+    # The other way round, the base copy 3% slower: the quiet cases read faster, and as their entries hold A/A
+    # readings, their reasons carry no word of missing ones (tests/test_ab.py has a speed-up without them).
+    monkeypatch.setenv("PLANT_AA_OFFSET", "slower")
+    run(repo, MODES["no-xdist"], *args, *budget)
+    verdicts = {str(r["id"]).split("[")[1].rstrip("]"): r for r in _results(repo)["results"]}  # type: ignore[attr-defined]
+    faster = {
+        n: next(g for g in r["gates"] if g["gate"] == "ab") for n, r in verdicts.items() if r["verdict"] == "faster"
+    }
+    assert len(faster) >= 4 and "a-8" not in faster, {n: r["verdict"] for n, r in verdicts.items()}
+    assert all("A/A reading" not in gate["reason"] for gate in faster.values()), faster
 
 
 def test_uncommitted_changes_keep_the_update_from_timing_a_a(repo: pytest.Pytester) -> None:

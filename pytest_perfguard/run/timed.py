@@ -205,6 +205,11 @@ class TimedStep:
                 if twin.ok
                 else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
             )
+            if gate.status is Status.FASTER and s.ab_case_offset and not self._aa_readings():
+                gate.reason += (
+                    "; no A/A reading of this case is stored, and only those rule out a per-process offset"
+                    " between its two copies (an update on a clean checkout stores them)"
+                )
             verdict.gates.insert(0, gate)
             verdict.deciding = frozenset({"ab", "max_ratio"})
         return verdict
@@ -216,11 +221,15 @@ class TimedStep:
         widen it; off with settings.ab_case_offset. A fresh process (confirmation) reads the same file and
         comes to the same value."""
         pooled = self.state.settings.ab_process_sd_for(time_ns)
-        stored = self.stored()
-        if stored is None or not self.state.settings.ab_case_offset:
+        if self.stored() is None or not self.state.settings.ab_case_offset:
             return pooled, pooled, ""
-        readings = [r for r in (sample.aa_reading for sample in stored.samples) if r is not None]
+        readings = self._aa_readings()
         return case_offset(pooled, readings), pooled, f"from its {len(readings)} stored A/A reading(s)"
+
+    def _aa_readings(self) -> list[tuple[float, float]]:
+        """The A/A readings (head/base estimate, its sd) the case's stored entry holds, one per process."""
+        stored = self.stored()
+        return [r for r in (s.aa_reading for s in stored.samples) if r is not None] if stored is not None else []
 
     def _env(self, trial: Trial) -> dict[str, str]:
         info = self.state.device_info
