@@ -193,6 +193,7 @@ def test_a_speedup_is_faster_only_when_a_fresh_process_sees_it_too(
     assert fast["verdict"] == "pass" and fast["confirmation"]["verdict"] == "pass"
     note = next(r for r in fast["reasons"] if r.startswith("not confirmed"))
     assert "faster than the base revision" in note and "but pass in a fresh one" in note
+    assert "A/A reading" not in note  # the words of an unchecked claim belong to a claim that stands
     text = " ".join(result.stdout.str().split())  # the note under the pass row, wrapped to the table's width
     assert "not confirmed: time vs base revision -" in text and "but pass in a fresh one" in text
     assert newv["verdict"] == "faster" and newv["confirmation"]["verdict"] == "faster"
@@ -202,6 +203,8 @@ def test_a_speedup_is_faster_only_when_a_fresh_process_sees_it_too(
         "; no A/A reading of this case is stored, and only those rule out a per-process offset between its two"
         " copies (an update on a clean checkout stores them)"
     )
+    # ... and the summary, which prints no faster case's reason, counts it (so does the PR comment)
+    result.stdout.fnmatch_lines(['perfguard: 1 "faster" verdict(s) rest on no stored A/A reading of their case: *'])
     assert any(r.startswith("confirmed in a fresh process: time vs base revision -10") for r in newv["reasons"])
 
 

@@ -199,7 +199,8 @@ def test_an_update_stores_a_readings_and_later_ab_runs_count_their_fit(
     # The other way round, the base copy 3% slower: the quiet cases read faster, and as their entries hold A/A
     # readings, their reasons carry no word of missing ones (tests/test_ab.py has a speed-up without them).
     monkeypatch.setenv("PLANT_AA_OFFSET", "slower")
-    run(repo, MODES["no-xdist"], *args, *budget)
+    result = run(repo, MODES["no-xdist"], *args, *budget)
+    assert "rest on no stored A/A reading" not in result.stdout.str()
     verdicts = {str(r["id"]).split("[")[1].rstrip("]"): r for r in _results(repo)["results"]}  # type: ignore[attr-defined]
     faster = {
         n: next(g for g in r["gates"] if g["gate"] == "ab") for n, r in verdicts.items() if r["verdict"] == "faster"

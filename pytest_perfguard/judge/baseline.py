@@ -243,6 +243,11 @@ class BaselineEntry:
         elif len(self.samples) != self.runs:
             raise ValueError(f"{self.case_id}: an entry of {self.runs} processes needs their {self.runs} samples")
 
+    @property
+    def aa_readings(self) -> list[tuple[float, float]]:
+        """The A/A readings of its processes (ProcessSample.aa_reading), one for each that timed one."""
+        return [r for r in (sample.aa_reading for sample in self.samples) if r is not None]
+
     @classmethod
     def from_samples(
         cls,

@@ -478,6 +478,12 @@ def _reference_alone(
     )
 
 
+# The end of the reason of an A/B "faster" that stands on a case whose stored entry holds no A/A reading
+# (run/timed.py adds it; the session counts such claims in a line of their own).
+UNCHECKED_FASTER = (
+    "; no A/A reading of this case is stored, and only those rule out a per-process offset between its two"
+    " copies (an update on a clean checkout stores them)"
+)
 UNSEEN_DEVICE = "not one the baseline's processes ran on"  # in the reason of a time gate _unseen_device judged
 
 

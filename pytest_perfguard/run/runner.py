@@ -32,9 +32,10 @@ from ..measure.device import incomparable, lock_name, manual_seed
 from ..measure.timing import Progress
 from ..record import CaseRecord, Outcome, Status
 from .checks import IntegrityChecks
+from .cleanup import in_child
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .session import SessionState
-from .timed import TimedStep, engine_bindings, timer_for
+from .timed import TimedStep, engine_bindings, note_unchecked_faster, timer_for
 from .watchdog import Deadline, deadline
 from .workload import Trial, describe_workload, display_params, draw_seeds, normalize_inputs, workload_hash
 
@@ -372,6 +373,8 @@ class Runner:
         elif status is Status.FASTER and not s.update and "ab" in (verdict.deciding or ()):
             confirmation = confirm_faster(self, verdict)
             status = confirmation.status
+            if status is Status.FASTER and not in_child():
+                note_unchecked_faster(verdict, stored, s.ab_case_offset)
         elif (
             s.update
             and s.update_processes <= 1  # more processes are the check: session._process_samples

@@ -34,7 +34,7 @@ from ..judge.policy import (
 )
 from ..judge.policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
 from ..judge.policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
-from ..judge.verdict import MACHINE_MOVED, Policy
+from ..judge.verdict import MACHINE_MOVED, UNCHECKED_FASTER, Policy
 from ..measure.visible import cpu_model, cuda_gpus, device_index
 from ..record import CaseRecord, Outcome, Status
 from ..settings import Settings, shown
@@ -306,7 +306,8 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
     if not_compared:
         line += "; not compared: " + ", ".join(f"{n} {why}" for why, n in sorted(not_compared.items()))
     out.messages.append(line)
-    for extra in (_thin_line(state, timed), batch_line(timed), "" if s.against else _moved_line(timed)):
+    moved_or_unchecked = _unchecked_faster_line(timed) if s.against else _moved_line(timed)
+    for extra in (_thin_line(state, timed), batch_line(timed), moved_or_unchecked):
         if extra:
             out.messages.append(extra)
     if compared or not s.enabled or all(r.verdict in UNJUDGED for r in timed):
@@ -327,6 +328,22 @@ def _not_compared(timed: list[CaseRecord], gate: str) -> Counter[str]:
         if status in UNCOMPARED:
             not_compared["new (no baseline entry)" if status is Status.NO_BASELINE else str(status)] += 1
     return not_compared
+
+
+def _unchecked_faster_line(timed: list[CaseRecord]) -> str:
+    """The A/B "faster" verdicts whose case holds no stored A/A reading (UNCHECKED_FASTER), counted where the
+    summary and the pull-request comment show them, which print no case's reason; empty when there are none."""
+    unchecked = [
+        r for r in timed if r.verdict is Status.FASTER and (g := r.gate("ab")) and g.reason.endswith(UNCHECKED_FASTER)
+    ]
+    if not unchecked:
+        return ""
+    return (
+        f'perfguard: {len(unchecked)} "faster" verdict(s) rest on no stored A/A reading of their case: two loaded '
+        "copies of one kernel can differ for every process (cuda_scalar's read up to 5.4% apart on H200s), "
+        "which a fresh process does not rule out; pytest --perfguard-update-baseline on a clean git checkout "
+        "stores the readings that do"
+    )
 
 
 def _thin_line(state: SessionState, timed: list[CaseRecord]) -> str:

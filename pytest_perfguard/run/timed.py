@@ -15,7 +15,7 @@ import pytest
 from ..judge import baseline as bl
 from ..judge.policy import case_offset
 from ..judge.stats import relative_half_width
-from ..judge.verdict import Verdict, ab_gate, ab_progress, decide, unpaired_gate
+from ..judge.verdict import UNCHECKED_FASTER, Verdict, ab_gate, ab_progress, decide, unpaired_gate
 from ..measure import integrity
 from ..measure.correctness import check
 from ..measure.cpuwatch import CpuWatch
@@ -35,6 +35,18 @@ def engine_bindings() -> dict[str, tuple[Any, Any]]:
     original = integrity.ORIGINAL_TIMERS
     names = ("measure", "make_timer", "pooled")
     return {f"{__name__}.{name}": (globals()[name], original[f"{Measurement.__module__}.{name}"]) for name in names}
+
+
+def note_unchecked_faster(verdict: Verdict, stored: bl.BaselineEntry | None, case_offset_on: bool) -> None:
+    """An A/B "faster" that stands (confirmed, or with no confirmation to be had) on a case whose stored entry
+    holds no A/A reading: two loaded copies of one kernel can differ for every process, so a fresh process
+    does not rule that out, and its reason says so (UNCHECKED_FASTER). Called once, where the verdict is
+    final: not in the fresh process, whose reason the confirmation note quotes."""
+    gate = next((g for g in verdict.gates if g.name == "ab"), None)
+    if gate is None or gate.status is not Status.FASTER or not case_offset_on:
+        return
+    if stored is None or not stored.aa_readings:
+        gate.reason += UNCHECKED_FASTER
 
 
 def timer_for(device: str, clock: Clock | None) -> Timer:
@@ -205,11 +217,6 @@ class TimedStep:
                 if twin.ok
                 else unpaired_gate(twin.status or Status.NO_BASE, twin.reason)
             )
-            if gate.status is Status.FASTER and s.ab_case_offset and not self._aa_readings():
-                gate.reason += (
-                    "; no A/A reading of this case is stored, and only those rule out a per-process offset"
-                    " between its two copies (an update on a clean checkout stores them)"
-                )
             verdict.gates.insert(0, gate)
             verdict.deciding = frozenset({"ab", "max_ratio"})
         return verdict
@@ -221,15 +228,11 @@ class TimedStep:
         widen it; off with settings.ab_case_offset. A fresh process (confirmation) reads the same file and
         comes to the same value."""
         pooled = self.state.settings.ab_process_sd_for(time_ns)
-        if self.stored() is None or not self.state.settings.ab_case_offset:
-            return pooled, pooled, ""
-        readings = self._aa_readings()
-        return case_offset(pooled, readings), pooled, f"from its {len(readings)} stored A/A reading(s)"
-
-    def _aa_readings(self) -> list[tuple[float, float]]:
-        """The A/A readings (head/base estimate, its sd) the case's stored entry holds, one per process."""
         stored = self.stored()
-        return [r for r in (s.aa_reading for s in stored.samples) if r is not None] if stored is not None else []
+        if stored is None or not self.state.settings.ab_case_offset:
+            return pooled, pooled, ""
+        readings = stored.aa_readings
+        return case_offset(pooled, readings), pooled, f"from its {len(readings)} stored A/A reading(s)"
 
     def _env(self, trial: Trial) -> dict[str, str]:
         info = self.state.device_info
