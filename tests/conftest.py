@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests import forkserver
+
 LOCK_DIR_ENV = "PERFGUARD_LOCK_DIR"
 
 # One intra-op thread in this process and in every process it starts (xdist workers, pytester subprocesses,
@@ -48,12 +50,18 @@ def _not_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The device and file locks of the runs this suite starts live in a folder of the suite's own (xdist
+    """On a host without an NVIDIA GPU, the Python processes this session starts are forks of one that
+    imported torch (tests/forkserver.py); never in a run of the guarded suite alone (tests/perf, the main job),
+    whose fresh processes are part of what it measures.
+
+    The device and file locks of the runs this suite starts live in a folder of the suite's own (xdist
     workers inherit it), so they never wait on another pytest session of this machine, or it on them.
 
     The one intra-op thread is set here, in every process that runs tests, and not in an xdist controller,
     which runs none and imports no torch (measure/visible.py), tests/perf's included.
     """
+    if not hasattr(config, "workerinput") and not _guarded_suite_only(config) and forkserver.start():
+        config.add_cleanup(forkserver.stop)
     if _ONE_THREAD and (hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no"):
         import torch
 
@@ -65,6 +73,14 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = tempfile.mkdtemp(prefix="perfguard-test-locks-")
         os.environ[LOCK_DIR_ENV] = folder
         config.add_cleanup(lambda: (os.environ.pop(LOCK_DIR_ENV, None), shutil.rmtree(folder, ignore_errors=True)))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_interpreter(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked ``fresh_interpreter`` starts new interpreters, not forks of the one that imported torch:
+    it checks what a process does not import."""
+    if request.node.get_closest_marker("fresh_interpreter") is not None:
+        monkeypatch.setenv(forkserver.SWITCH_ENV, "0")
 
 
 @pytest.fixture

@@ -103,6 +103,7 @@ def pytest_unconfigure(config):
 
 
 @pytest.mark.slow
+@pytest.mark.fresh_interpreter
 def test_the_controller_starts_its_workers_without_importing_torch(pytester: pytest.Pytester) -> None:
     """An xdist controller runs no case: it names the GPUs and the baseline file from the driver
     (measure/visible.py), so its workers start without waiting for its torch import (7 s on a fresh
@@ -127,6 +128,7 @@ visible._driver_gpus = lambda: GPUS
 
 
 @pytest.mark.slow
+@pytest.mark.fresh_interpreter
 def test_the_controller_names_the_gpus_and_the_baseline_file_from_the_driver(pytester: pytest.Pytester) -> None:
     """Where the controller has not imported torch, the CUDA driver's list (faked here) names the GPUs it hands
     out and the baseline file it reads; its workers, on this host without a GPU, run on the CPU."""

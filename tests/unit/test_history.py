@@ -219,6 +219,7 @@ def test_two_concurrent_writer_processes_lose_nothing(tmp_path: Path) -> None:
     db.close()
 
 
+@pytest.mark.fresh_interpreter
 def test_history_command_does_not_import_torch(tmp_path: Path) -> None:
     code = (
         "import sys; from pytest_perfguard.commands.cli import main; "

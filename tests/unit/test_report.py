@@ -337,6 +337,7 @@ def test_report_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "missing.json: no such results file" in capsys.readouterr().err
 
 
+@pytest.mark.fresh_interpreter
 def test_the_cli_does_not_import_torch_or_plotly() -> None:
     """`perfguard` runs in jobs that have neither (the comment workflow, a laptop with the results file)."""
     code = (
