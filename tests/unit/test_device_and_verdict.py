@@ -85,6 +85,7 @@ def test_another_compute_process_is_reported() -> None:
     assert message is not None and "other compute processes on GPU 0" in message
 
 
+@pytest.mark.fresh_interpreter  # a test of the process tree: a fork's parent is its server, not its starter
 def test_the_session_that_started_a_confirmation_is_not_foreign_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """A confirmation process shares the GPU with the pytest process that started it, that process's
     xdist siblings and their confirmation processes: they are waiting, not load. Others still count."""
