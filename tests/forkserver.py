@@ -383,9 +383,11 @@ _FOLDER: str | None = None
 
 def start() -> bool:
     """Start the servers and point this process's ``sys.executable`` (and its children's) at the launcher.
-    False when switched off, on a GPU host, or already serving (an inner session)."""
+    False when switched off, on a GPU host, off Linux, or already serving (an inner session)."""
     global _FOLDER
     if os.environ.get(SWITCH_ENV) == "0" or os.environ.get(SOCKET_ENV) or os.path.exists(NVIDIA_DEVICE):
+        return False
+    if not sys.platform.startswith("linux"):  # CPU affinity and the launcher's fd passing: Linux's
         return False
     _FOLDER = tempfile.mkdtemp(prefix="perfguard-test-forkserver-")
     paths = [os.path.join(_FOLDER, f"socket{n}") for n in range(SERVERS)]
