@@ -1,24 +1,15 @@
-"""Python processes for this test suite, forked from one that has imported torch already.
+"""The Python processes this suite starts, forked from servers that have imported torch.
 
-The suite starts about two hundred Python processes (xdist workers of the runs under test, fresh
-confirmation and update processes, pytester subprocesses). Each imported torch (about 2 s of CPU on the
-2-core CI machine) and tore it down at exit (0.7 s more): more than half of the suite's CPU went there, not
-to the behaviour under test. Here two server processes import torch once each; ``sys.executable`` of the
-suite names a small launcher script instead of the interpreter, and every process started through it (by
-the plugin, by xdist, by pytester, exactly as before: their code is not changed) is a fork of either server,
-given the launcher's arguments, working folder, environment, standard streams and signals, and its exit
-status goes back to the launcher. The fork has imported nothing of the plugin, the kernels or the tests;
-what it imports, it imports itself, under the environment it was started with. What forks of one server
-share that new interpreters would not: the hash seed (hence the two servers, picked at random per start)
-and the addresses where torch's libraries were loaded (hence no server on a GPU host).
-
-A start the server cannot reproduce exactly runs the real interpreter instead (``os.execv``): interpreter
-options other than ``-u``/``-c``/``-m``, or an environment whose variables are read when torch is
-imported (``TORCH_*``, ``OMP_*``, ``PYTHONHASHSEED``, ...) that differs from the server's. So does a test
-marked ``fresh_interpreter`` (those that check what a new process does not import), and every process
-when ``PERFGUARD_TEST_FORKSERVER=0``, which runs the suite as it ran before.
-
-Usage (tests/conftest.py): ``start()`` in the outermost pytest process, ``stop()`` at its end.
+About two hundred processes (xdist workers of the runs under test, fresh confirmation and update processes,
+pytester subprocesses) each imported torch (2-2.5 s of CPU on the 2-core CI machine) and tore it down
+(0.7 s): more than half of the suite's CPU. Here ``sys.executable`` names a launcher; each start through it
+(by the plugin, xdist or pytester, their code unchanged) becomes a fork of a server, given the launcher's
+arguments, folder, environment, umask, CPU affinity, nice value and standard streams; signals go to it and
+its exit status comes back. A fork has imported nothing of the plugin, kernels or tests. Forks of one server
+share its hash seed, so two servers with their own seeds take starts at random; they share where torch's
+libraries were loaded, so a GPU host never uses this. A start a fork cannot be (an interpreter option other
+than -u, a variable read at torch's import that differs) runs the real interpreter, as does every start
+under ``PERFGUARD_TEST_FORKSERVER=0`` or in a test marked ``fresh_interpreter``.
 """
 
 from __future__ import annotations
@@ -29,6 +20,7 @@ import gc
 import io
 import json
 import os
+import select
 import shlex
 import signal
 import socket
@@ -43,14 +35,12 @@ from pathlib import Path
 SOCKET_ENV = "PERFGUARD_TEST_FORKSERVER_SOCKET"
 SWITCH_ENV = "PERFGUARD_TEST_FORKSERVER"  # "0": every process is a new interpreter
 REAL_PYTHON_ENV = "PERFGUARD_TEST_REAL_PYTHON"
-# A GPU host runs every process as a new interpreter: there the suite's GPU tests time kernels, and a fresh
-# process must be one, down to where its libraries were loaded.
-NVIDIA_DEVICE = "/dev/nvidiactl"
-
-# Environment variables read while torch (or Python itself) starts: a process whose value differs from
-# the server's cannot be a fork of it.
+STARTUP_ENV = "PERFGUARD_TEST_FORKSERVER_STARTUP_ENV"
+NVIDIA_DEVICE = "/dev/nvidiactl"  # a GPU host: its tests time kernels, and a fresh process must be one
+SERVERS = 2
+# Read while Python and torch start: a start whose values differ from the servers' cannot be a fork.
 _STARTUP_PREFIXES = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "GOMP_", "LD_", "MALLOC_")
-_STARTUP_NAMES = (
+_STARTUP_NAMES = {
     "PYTHONHASHSEED",
     "PYTHONWARNINGS",
     "PYTHONIOENCODING",
@@ -61,31 +51,22 @@ _STARTUP_NAMES = (
     "PYTHONFAULTHANDLER",
     "PYTHONTRACEMALLOC",
     "PYTHONHOME",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
     "PYTHONSAFEPATH",
     "PYTHONNOUSERSITE",
     "PYTHONUSERBASE",
     "PYTHONPLATLIBDIR",
-)
-
-_HEADER = struct.Struct("!I")
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+}
+_INT = struct.Struct("!i")
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_STARTUP_PREFIXES) or k in _STARTUP_NAMES}
 
 
-def _send(sock: socket.socket, payload: bytes, fds: list[int] | None = None) -> None:
-    data = _HEADER.pack(len(payload)) + payload
-    if fds:
-        socket.send_fds(sock, [data], fds)
-    else:
-        sock.sendall(data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv(sock: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -96,83 +77,65 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def real_python() -> str:
-    """The interpreter itself (its folder holds the venv's other commands), also where ``sys.executable``
-    names the launcher."""
+    """The interpreter itself (its folder holds the venv's commands), also where sys.executable is the launcher."""
     return os.environ.get(REAL_PYTHON_ENV) or sys.executable
 
 
-# ------------------------------------------------------------------------------------------------ launcher
-
-
 def launch(argv: list[str]) -> None:
-    """The launcher's body: hand this start to the server, or run the real interpreter."""
-    real = real_python()
+    """The launcher: hand this start to a server and wait for its status, or run the real interpreter."""
     paths = os.environ.get(SOCKET_ENV, "").split(os.pathsep)
     path = paths[os.urandom(1)[0] % len(paths)]
     request = _request(argv) if path and os.environ.get(SWITCH_ENV) != "0" else None
-    sock = None
-    if request is not None:
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(path)  # type: ignore[arg-type]
-        except OSError:
-            sock = None
-    if sock is None or request is None:
-        os.execv(real, [real, *argv])
-    _send(sock, json.dumps(request).encode(), [0, 1, 2])
-    (pid,) = struct.unpack("!i", _recv_exact(sock, 4))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if request is None:
+            raise OSError
+        sock.connect(path)
+    except OSError:
+        os.execv(real_python(), [real_python(), *argv])
+    payload = json.dumps(request).encode()
+    socket.send_fds(sock, [struct.pack("!I", len(payload)) + payload], [0, 1, 2])
+    (pid,) = _INT.unpack(_recv(sock, 4))
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
-    while True:
-        try:
-            (status,) = struct.unpack("!i", _recv_exact(sock, 4))
-            break
-        except InterruptedError:
-            continue
-        except EOFError:
-            status = 1 << 8  # the server went away: as if the process failed
-            break
+    try:
+        (status,) = _INT.unpack(_recv(sock, 4))
+    except EOFError:
+        status = 1 << 8  # the server went away: as if the process failed
     if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 def _request(argv: list[str]) -> dict[str, object] | None:
     """What the fork needs to be this start, or None where only a new interpreter can be."""
-    unbuffered = False
+    unbuffered = bool(argv) and argv[0] == "-u"
+    argv = argv[1:] if unbuffered else argv
     if argv and argv[0][:2] in ("-c", "-m") and len(argv[0]) > 2:  # "-mpytest", as pytester writes it
         argv = [argv[0][:2], argv[0][2:], *argv[1:]]
-    i = 0
-    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-c", "-m", "-"):
-        if argv[i] != "-u":
-            return None
-        unbuffered = True
-        i += 1
-    if i >= len(argv) or argv[i] == "-" or (argv[i] in ("-c", "-m") and i + 1 >= len(argv)):
+    if not argv or argv[0] == "-" or (argv[0].startswith("-") and (argv[0] not in ("-c", "-m") or len(argv) < 2)):
         return None
     env = dict(os.environ)
-    if _startup_env(env) != json.loads(env.get("_PERFGUARD_TEST_FORKSERVER_STARTUP_ENV", "{}")):
+    if _startup_env(env) != json.loads(env.get(STARTUP_ENV, "{}")):
         return None
     umask = os.umask(0)
     os.umask(umask)
+    cpus = sorted(os.sched_getaffinity(0))
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
     return {
-        "argv": argv[i:],
+        "argv": argv,
         "cwd": os.getcwd(),
         "env": env,
         "unbuffered": unbuffered,
         "umask": umask,
-        "cpus": sorted(os.sched_getaffinity(0)),
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "cpus": cpus,
+        "nice": nice,
     }
 
 
-# ------------------------------------------------------------------------------------------------ server
-
-
 def serve(path: str) -> None:
-    """The server's loop: fork one child per connection; tell each launcher its child's exit status."""
+    """A server: fork one child per connection; tell each launcher its child's exit status."""
     import torch  # noqa: F401  (the point of the server)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -184,25 +147,26 @@ def serve(path: str) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    import select
-
     while True:
-        try:
-            ready, _, _ = select.select([listener, wake_r], [], [], 1.0)
-        except InterruptedError:
-            ready = []
+        ready = select.select([listener, wake_r], [], [], 1.0)[0]
         if wake_r in ready:
             os.read(wake_r, 512)
-        _reap(children)
+        while children:  # reap, and report
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            done = children.pop(pid, None)
+            with contextlib.suppress(OSError):
+                done and done.sendall(_INT.pack(status))
+                done and done.close()
         if listener in ready:
-            conn, _ = listener.accept()
+            conn = listener.accept()[0]
             try:
                 msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-                size = _HEADER.unpack(msg[:4])[0]
-                payload = msg[4:]
-                while len(payload) < size:
-                    payload += _recv_exact(conn, size - len(payload))
-                request = json.loads(payload)
+                request = json.loads(msg[4:] + _recv(conn, struct.unpack("!I", msg[:4])[0] - len(msg) + 4))
             except (OSError, EOFError, ValueError):
                 conn.close()
                 continue
@@ -211,33 +175,18 @@ def serve(path: str) -> None:
                 listener.close()
                 os.close(wake_r)
                 os.close(wake_w)
-                _child(conn, fds, request)  # never returns
+                _child(conn, fds, request)
             for fd in fds:
                 os.close(fd)
-            conn.sendall(struct.pack("!i", pid))
+            conn.sendall(_INT.pack(pid))
             children[pid] = conn
-
-
-def _reap(children: dict[int, socket.socket]) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        conn = children.pop(pid, None)
-        if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.sendall(struct.pack("!i", status))
-            conn.close()
 
 
 def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
     """Become the process the launcher was asked to start, run it, and exit with its status."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -252,25 +201,32 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
     _streams(request["unbuffered"] or bool(env.get("PYTHONUNBUFFERED")))
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     sys.pycache_prefix = env.get("PYTHONPYCACHEPREFIX") or None
-    _watch(conn)
-    argv = request["argv"]
-    sys.path[:] = [_path0(argv, request["cwd"]), *_pythonpath(env), *_BASE_PATH]
+    # The launcher's end (killed by a timeout, say) ends this process, as it would a new interpreter.
+    threading.Thread(target=lambda: (_drain(conn), os.kill(os.getpid(), signal.SIGKILL)), daemon=True).start()
+    argv, cwd = request["argv"], request["cwd"]
+    path0 = "" if argv[0] == "-c" else cwd if argv[0] == "-m" else os.path.dirname(os.path.realpath(argv[0]))
+    sys.path[:] = [path0, *_pythonpath(env), *_BASE_PATH]
     import importlib
 
     importlib.invalidate_caches()
     if "numpy.random" in sys.modules:  # seeded when the server imported it; `random` reseeds itself at fork
         sys.modules["numpy.random"].seed()
-    code = _run(argv)
-    _exit(code)
+    _exit(_run(argv))
+
+
+def _drain(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while conn.recv(1):
+            pass
 
 
 def _streams(unbuffered: bool) -> None:
     def text(fd: int, mode: str) -> io.TextIOWrapper:
         raw = io.FileIO(fd, mode, closefd=False)
         tty = raw.isatty()
-        buffered: io.BufferedIOBase = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
+        buffered = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
         return io.TextIOWrapper(
-            buffered,
+            buffered,  # type: ignore[arg-type]
             encoding="utf-8",
             errors="backslashreplace" if fd == 2 else "strict",
             line_buffering=mode == "w" and (tty or fd == 2) and not unbuffered,
@@ -282,42 +238,21 @@ def _streams(unbuffered: bool) -> None:
     sys.stderr = sys.__stderr__ = text(2, "w")
 
 
-def _watch(conn: socket.socket) -> None:
-    """End this process when its launcher ends (killed by a timeout, say), as a killed interpreter would."""
-
-    def wait() -> None:
-        try:
-            while conn.recv(1):
-                pass
-        except OSError:
-            pass
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=wait, daemon=True, name="forkserver-launcher-watch").start()
-
-
-def _path0(argv: list[str], cwd: str) -> str:
-    if argv[0] == "-c":
-        return ""
-    if argv[0] == "-m":
-        return cwd
-    return os.path.dirname(os.path.realpath(argv[0]))
-
-
 def _pythonpath(env: dict[str, str]) -> list[str]:
     return [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def _run(argv: list[str]) -> int:
+    """Run -c code, -m module or a script as the interpreter would; the exit status."""
     import runpy
+    import traceback
     import types
 
     try:
         if argv[0] == "-c":
             sys.argv = ["-c", *argv[2:]]
-            main = types.ModuleType("__main__")
+            main = sys.modules["__main__"] = types.ModuleType("__main__")
             main.__dict__["__builtins__"] = __builtins__
-            sys.modules["__main__"] = main
             exec(compile(argv[1], "<string>", "exec"), main.__dict__)
         elif argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
@@ -326,29 +261,19 @@ def _run(argv: list[str]) -> int:
             sys.argv = list(argv)
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
-        return _exit_code(exc.code)
+        if exc.code is None or isinstance(exc.code, int):
+            return (exc.code or 0) & 0xFF
+        print(exc.code, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        import traceback
-
         traceback.print_exc()
         _flush_all()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:  # what the interpreter does with an uncaught exception
-        import traceback
-
+    except BaseException:
         traceback.print_exc()
         return 1
     return 0
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _flush_all() -> None:
@@ -360,8 +285,8 @@ def _flush_all() -> None:
 
 
 def _exit(code: int) -> None:
-    """Leave as an interpreter leaves, less its teardown of every module (0.7 s of CPU with torch): the
-    threads are joined, the exit functions run, and every open file is flushed first."""
+    """Leave as an interpreter leaves, less its teardown of every module (0.7 s of CPU with torch): threads
+    joined, exit functions run, every open file flushed."""
     with contextlib.suppress(BaseException):
         threading._shutdown()  # type: ignore[attr-defined]
     with contextlib.suppress(BaseException):
@@ -371,40 +296,31 @@ def _exit(code: int) -> None:
 
 
 _BASE_PATH: list[str] = []
-
-# ------------------------------------------------------------------------------------------------ control
-
-# Two servers, each with its own hash seed, and each start goes to either at random: a new interpreter
-# draws its own seed, and two xdist workers that iterate one set in different orders must still be seen to.
-SERVERS = 2
 _SERVERS: list[subprocess.Popen[bytes]] = []
 _FOLDER: str | None = None
 
 
 def start() -> bool:
-    """Start the servers and point this process's ``sys.executable`` (and its children's) at the launcher.
-    False when switched off, on a GPU host, off Linux, or already serving (an inner session)."""
+    """Start the servers; point this process's sys.executable (and its children's) at the launcher. False
+    when switched off, on a GPU host, off Linux, or already serving (an inner session)."""
     global _FOLDER
     if os.environ.get(SWITCH_ENV) == "0" or os.environ.get(SOCKET_ENV) or os.path.exists(NVIDIA_DEVICE):
         return False
-    if not sys.platform.startswith("linux"):  # CPU affinity and the launcher's fd passing: Linux's
+    if not sys.platform.startswith("linux"):  # fd passing and CPU affinity as Linux has them
         return False
+    from pytest_perfguard.run.cleanup import die_with_parent
+
     _FOLDER = tempfile.mkdtemp(prefix="perfguard-test-forkserver-")
     paths = [os.path.join(_FOLDER, f"socket{n}") for n in range(SERVERS)]
-    launcher = os.path.join(_FOLDER, "python")
-    real = sys.executable
-    here = str(Path(__file__).parent)
-    code = f"import sys; sys.path.insert(0, {here!r}); import forkserver; forkserver.launch(sys.argv[1:])"
+    launcher, real, here = os.path.join(_FOLDER, "python"), sys.executable, str(Path(__file__).parent)
+    prefix = f"import sys; sys.path.insert(0, {here!r}); import forkserver; forkserver."
+    code = prefix + "launch(sys.argv[1:])"
     Path(launcher).write_text(f'#!/bin/sh\nexec {shlex.quote(real)} -S -c {shlex.quote(code)} "$@"\n')
     os.chmod(launcher, 0o755)
     os.environ[REAL_PYTHON_ENV] = real
-    os.environ["_PERFGUARD_TEST_FORKSERVER_STARTUP_ENV"] = json.dumps(_startup_env(dict(os.environ)))
-    from pytest_perfguard.run.cleanup import die_with_parent
-
-    for path in paths:
-        main = f"import sys; sys.path.insert(0, {here!r}); import forkserver; "
-        main += f"forkserver._server_main({path!r}, {launcher!r})"
-        # a killed session leaves no server behind
+    os.environ[STARTUP_ENV] = json.dumps(_startup_env(dict(os.environ)))
+    for path in paths:  # die_with_parent: a killed session leaves no server behind
+        main = prefix + f"_server_main({path!r}, {launcher!r})"
         _SERVERS.append(subprocess.Popen([real, "-c", main], stdin=subprocess.DEVNULL, preexec_fn=die_with_parent()))
     deadline = time.monotonic() + 120
     while not all(os.path.exists(path) for path in paths):
