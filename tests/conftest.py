@@ -24,8 +24,9 @@ _ONE_THREAD = "OMP_NUM_THREADS" not in os.environ
 if _ONE_THREAD:
     os.environ["OMP_NUM_THREADS"] = "1"
 
-# Bytecode for the processes this suite starts (xdist workers, pytester subprocesses, fresh confirmation
-# and update processes, act jobs): a few hundred of them, each importing torch and the plugin. Where the
+# Bytecode for the processes this suite starts that are new interpreters (the fork servers of
+# tests/forkserver.py, act jobs, and every process where that is off: xdist workers, pytester subprocesses,
+# fresh confirmation and update processes, a few hundred of them), each importing torch and the plugin. Where the
 # environment sets PYTHONDONTWRITEBYTECODE (the machines this suite was profiled on do) over a venv that
 # pip installed with --no-compile (.ci/run), no .pyc is ever written: each of them compiled torch's
 # sources again, about 6 s of CPU an import instead of 2.5 s. Then the compiled files go to a folder of the

@@ -159,9 +159,10 @@ def serve(path: str) -> None:
             if pid == 0:
                 break
             done = children.pop(pid, None)
-            with contextlib.suppress(OSError):
-                done and done.sendall(_INT.pack(status))
-                done and done.close()
+            if done is not None:
+                with contextlib.suppress(OSError):
+                    done.sendall(_INT.pack(status))
+                done.close()
         if listener in ready:
             conn = listener.accept()[0]
             try:
@@ -172,7 +173,8 @@ def serve(path: str) -> None:
                 continue
             pid = os.fork()
             if pid == 0:
-                listener.close()
+                for held in (listener, *children.values()):  # the other launchers' connections are theirs
+                    held.close()
                 os.close(wake_r)
                 os.close(wake_w)
                 _child(conn, fds, request)
