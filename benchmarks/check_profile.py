@@ -1,5 +1,6 @@
-"""Where the timed-output check's time goes: runs selected guarded cases through the plugin in this process,
-with every step of `integrity.timed_outputs` timed between device synchronisations, and prints a table per
+"""Where the timed-output checks' time goes: runs selected guarded cases through the plugin in this process,
+with every step of `integrity.timed_outputs`, `every_copy` and `seen_values` timed between device
+synchronisations, and prints a table per
 run: the case, the step, its wall time, and the driver allocations (cudaMalloc, cudaFree) the caching
 allocator made during it. With --profile, each case's check in the first run also runs under
 torch.profiler (its step times then include the profiler's cost), one operator table per case in --out.
@@ -88,41 +89,50 @@ class Profiler:
         setattr(owner, name, new)
 
     def pytest_sessionstart(self) -> None:
-        steps, original = self.steps, integrity.timed_outputs
+        steps = self.steps
         judged = [0]
 
         def judge(*args: Any, **kwargs: Any) -> Any:
             judged[0] += 1
-            with steps.step(f"judge #{judged[0]}" + (" (oracle kept)" if kwargs.get("oracle") else " (new oracle)")):
+            with steps.step("judge" + (" (oracle kept)" if kwargs.get("oracle") else " (new oracle)")):
                 return correctness.judge_output(*args, **kwargs)
 
-        def timed_outputs(outputs: Any, sample: Any, *args: Any, **kwargs: Any) -> Any:
-            judged[0] = 0
-            wrapped = steps.wrap("timed sample replay", sample) if sample is not None else None
-            if not self.profile or steps.case in self.profiled:
-                with steps.step("whole check"):
-                    return original(outputs, wrapped, *args, **kwargs)
-            # The case's first check under torch.profiler: the one that pays a first allocation. Its step
-            # times then include the profiler's own cost, and say so.
-            self.profiled.add(steps.case)
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            steps.suffix = " (profiled)"
-            try:
-                with torch.profiler.profile(activities=activities) as prof, steps.step("whole check"):
-                    result = original(outputs, wrapped, *args, **kwargs)
-            finally:
-                steps.suffix = ""
-            name = steps.case.replace("/", "_").replace(":", "_").replace("[", "_").replace("]", "")
-            table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=30)
-            (self.out / f"profile_{name}.txt").write_text(table)
-            return result
+        def profiled(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+            """The check's step `name`, timed; in a case's first run also under torch.profiler, whose operator
+            table goes to --out (its step times then include the profiler's cost, and say so)."""
+
+            def run(*args: Any, **kwargs: Any) -> Any:
+                key = f"{steps.case}/{name}"
+                if not self.profile or key in self.profiled:
+                    with steps.step(name):
+                        return original(*args, **kwargs)
+                self.profiled.add(key)
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                steps.suffix = " (profiled)"
+                try:
+                    with torch.profiler.profile(activities=activities) as prof, steps.step(name):
+                        result = original(*args, **kwargs)
+                finally:
+                    steps.suffix = ""
+                case = steps.case.replace("/", "_").replace(":", "_").replace("[", "_").replace("]", "")
+                table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=30)
+                with (self.out / f"profile_{case}.txt").open("a") as f:
+                    f.write(f"== {name}\n{table}\n")
+                return result
+
+            return run
 
         self._patch(integrity, "judge_output", judge)
         self._patch(integrity, "modified_input", steps.wrap("input unchanged?", integrity.modified_input))
         self._patch(correctness.Oracle, "matches", steps.wrap("oracle matches?", correctness.Oracle.matches))
-        self._patch(integrity, "timed_outputs", timed_outputs)
+        for name, step in (
+            ("timed_outputs", "last timed output"),
+            ("every_copy", "every timed copy"),
+            ("seen_values", "seen values"),
+        ):
+            self._patch(integrity, name, profiled(step, getattr(integrity, name)))
 
     def pytest_sessionfinish(self) -> None:
         for owner, name, old in reversed(self.patches):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,10 @@ else:  # the smoke run on CPU
         "lazy_output": c.lazy_output,
         "fp8_inside": c.fp8_inside,
         "timed_differently": c.timed_differently(),
+        "skip_other_copies": c.skip_other_copies(),
+        "value_memo": c.value_memo(),
+        "version_memo": c.version_memo(),
+        "flip_switch": c.flip_switch,
     },
     reference=c.reference,
     against=c.sdpa,
@@ -96,6 +101,31 @@ def test_layer_norm(perfguard_device):
     return (x, w, b), {}
 """
 
+# Host cost: the baseline is recorded with the cheat off (HOST_COST=0), the guard runs with it on: 1 ms of
+# Python and a synchronise per call, which graph replay never sees; the host gate must fail it.
+HOST_CASES = """
+import os
+import pytest
+import torch
+from pytest_perfguard import perf_case
+import cheats as c
+
+_HOST = c.host_cost()
+
+
+def host_cost(q, k, v, causal):
+    if os.environ.get("HOST_COST", "1") != "0":
+        return _HOST(q, k, v, causal)
+    return c.attention(q, k, v, causal)
+
+
+@perf_case(variants={"honest_host": c.attention, "host_cost": host_cost}, reference=c.reference, against=c.sdpa)
+@pytest.mark.parametrize("S", [128, 512])
+def test_host(S, perfguard_device):
+    q, k, v = (torch.randn(4, 8, S, 64, device=perfguard_device, dtype=torch.float16) for _ in range(3))
+    return (q, k, v), {"causal": True}
+"""
+
 PATCH_CASES = """
 import torch
 from pytest_perfguard import perf_case
@@ -110,13 +140,21 @@ def test_patched(perfguard_device):
 """
 
 
-def _pytest(args: list[str], cwd: Path, log: Path, timeout: float) -> int:
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", *plugin_args(), *args]
+def _pytest(args: list[str], cwd: Path, log: Path, timeout: float, env: dict[str, str] | None = None) -> int:
+    # --rootdir: the results file's path outside the project must not move the case ids (the baseline's keys)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "--rootdir", str(cwd)]
+    cmd += [*plugin_args(), *args]
     t0 = time.monotonic()
     with log.open("w") as fh:
         try:
             rc = subprocess.run(
-                cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, check=False
+                cmd,
+                cwd=cwd,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+                env={**os.environ, **(env or {})},
             ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
@@ -211,6 +249,7 @@ def main() -> int:
     ap.add_argument("--case-budget", type=float, default=0.4, help="--perfguard-case-budget for every case")
     ap.add_argument("-k", dest="select", default=None, help="pytest -k selection within tests/perf")
     ap.add_argument("--cpu", action="store_true", help="a smoke run on CPU (small shapes; no GPU needed)")
+    ap.add_argument("--no-perf", action="store_true", help="the cheats only, not the honest tests/perf suite")
     args = ap.parse_args()
 
     import torch
@@ -229,6 +268,7 @@ def main() -> int:
     shutil.copy(ROOT / "tests" / "adversarial" / "cheats.py", work / "cheats.py")
     (work / "test_cheats_gpu.py").write_text(CHEAT_CASES)
     (work / "test_patched_gpu.py").write_text(PATCH_CASES)
+    (work / "test_host_gpu.py").write_text(HOST_CASES)
     common = ["--perfguard", "--perfguard-case-budget", str(args.case_budget)]
     if args.cpu:
         common += ["--perfguard-device", "cpu"]
@@ -239,6 +279,8 @@ def main() -> int:
     docs: dict[str, dict[str, Any]] = {}
     for run in range(args.runs):
         print(f"run {run + 1}/{args.runs}", flush=True)
+        if args.cpu:
+            (work / "test_host_gpu.py").unlink(missing_ok=True)
         for name in ("test_cheats_gpu.py", "test_patched_gpu.py"):
             result = out / f"run{run}_{name.removesuffix('.py')}.json"
             base = out / f"baselines_run{run}_{name}"
@@ -251,6 +293,27 @@ def main() -> int:
             docs[result.name] = doc = _document(result)
             for r in doc.get("results", []):
                 seen[f"cheat:{r['variant']}"].append(r)
+        host_base = out / f"baselines_run{run}_host"
+        _pytest(  # the cheat's host work runs on a GPU only: on CPU the timer sees it anyway
+            ["test_host_gpu.py", *common, "--perfguard-update-baseline", "--perfguard-baseline-dir", str(host_base)],
+            work,
+            out / f"run{run}_host_update.log",
+            300,
+            env={"HOST_COST": "0"},
+        )
+        result = out / f"run{run}_test_host_gpu.json"
+        _pytest(
+            ["test_host_gpu.py", *common, "--perfguard-json", str(result), "--perfguard-baseline-dir", str(host_base)],
+            work,
+            out / f"run{run}_host_guard.log",
+            300,
+            env={"HOST_COST": "1"},
+        )
+        docs[result.name] = doc = _document(result)
+        for r in doc.get("results", []):
+            seen[f"cheat:{r['variant']}"].append(r)
+        if args.no_perf:
+            continue
         result = out / f"run{run}_perf.json"
         select = ["-k", args.select] if args.select else []
         _pytest(

@@ -378,6 +378,18 @@ class CaseRecord:
     reps: int | None = None
     samples_per_block: int | None = None
     mode: str | None = None
+    capture_error: str | None = None  # why the variant's calls could not be captured in a CUDA graph
+    # The eager call as a user makes it (host and device, synchronised per block; timing.host_time), per call,
+    # with its 95% interval, and its ratio to `against`'s eager call (paired per block): on a GPU, what a
+    # launch-bound user pays, which graph replay does not see. None on CPU, where the timed figure is it.
+    host_ns: float | None = None
+    host_ci: Interval | None = None
+    host_ratio: float | None = None
+    host_ratio_ci: Interval | None = None
+    # The run's decision on a timed case (policy.decision): "pass", "fail", "unverified" or "new"; set at the
+    # end of the run, where the allowance for unverified cases is applied.
+    decision: str | None = None
+    reference_move: float | None = None  # ln(the reference's time / its stored centre), where the entry has it
     stop_reason: str | None = None
     elapsed_s: float | None = None
     wall_ratio: float | None = None
@@ -450,7 +462,7 @@ class CaseRecord:
                 data["verdict"] = Status(data["verdict"])
         except ValueError as exc:
             raise RecordError(str(exc)) from None
-        for key in ("ci_ns", "ratio_ci"):
+        for key in ("ci_ns", "ratio_ci", "host_ci", "host_ratio_ci"):
             data[key] = _interval(data.get(key))
         gates = data.get("gates") or []
         if not isinstance(gates, list):

@@ -77,6 +77,17 @@ def _not_negative(value: int) -> None:
         raise ValueError("expected a whole number of at least 0")
 
 
+def _allowance(value: str) -> None:
+    text = value.strip()
+    number = text[:-1] if text.endswith("%") else text
+    try:
+        ok = float(number) >= 0 and (text.endswith("%") or float(number).is_integer())
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError("expected a whole number of cases (3) or a share of the timed cases (5%)")
+
+
 def _device(value: str) -> None:
     if not (value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit())):
         raise ValueError("expected auto, cpu, cuda or cuda:N")
@@ -295,6 +306,15 @@ SPECS: tuple[Spec, ...] = (
         False,
         "under CI, do not fail a run in which no case was compared with a baseline or base revision",
     ),
+    Spec(
+        "allow_unverified",
+        "str",
+        "0",
+        "under CI, how many timed cases may end unverified (undecided, disturbed, not comparable, no base, or a "
+        "pass that could hide twice the margin) before the run fails: a count (3) or a share of the timed cases "
+        "(5%); outside CI they are a warning",
+        _allowance,
+    ),
     Spec("require_gpu", "bool", False, "fail, not skip, when a variant needs a GPU that is not there"),
     Spec("device", "str", "auto", "where to run: auto (CUDA if available), cpu, cuda, cuda:N", _device),
 )
@@ -337,6 +357,7 @@ class Settings:
     html: Path | None = _default("html")  # noqa: RUF009
     strict: bool = _default("strict")
     allow_missing: bool = _default("allow_missing")
+    allow_unverified: str = _default("allow_unverified")
     require_gpu: bool = _default("require_gpu")
     device: str = "cpu"  # resolved: the table's "auto" becomes cpu or cuda:N
     alpha: float = 0.05

@@ -97,6 +97,8 @@ UNKNOWN_WORKLOAD = ""
 
 _V2_SAMPLE_FIELDS = ("median_ns", "ci_ns", "ratio", "against_ns", "device", "date", "blocks")
 _SAMPLE_FIELDS = (*_V2_SAMPLE_FIELDS, "aa_ratio", "aa_ci")
+# Optional in a sample: written where the process timed the eager call (on a GPU), absent in older files.
+_SAMPLE_HOST_FIELDS = ("host_ns", "host_ratio")
 _ENTRY_FIELDS = (
     "workload",
     "workload_desc",
@@ -136,6 +138,9 @@ class ProcessSample:
     blocks: int = 0
     aa_ratio: float | None = None  # head/base of the variant against its own twin at HEAD (A/A), if timed
     aa_ci: tuple[float, float] | None = None  # its 95% interval over capture groups
+    # The eager call, host and device, per call, and its ratio to the reference's (record.host_ns): GPU only.
+    host_ns: float | None = None
+    host_ratio: float | None = None
 
     @property
     def aa_reading(self) -> tuple[float, float] | None:
@@ -157,13 +162,13 @@ class ProcessSample:
             "blocks": self.blocks,
             "aa_ratio": self.aa_ratio,
             "aa_ci": None if self.aa_ci is None else [self.aa_ci[0], self.aa_ci[1]],
-        }
+        } | {k: v for k, v in (("host_ns", self.host_ns), ("host_ratio", self.host_ratio)) if v is not None}
 
     @classmethod
     def parse(cls, obj: Any, where: str) -> ProcessSample:
         if not isinstance(obj, dict):
             raise Invalid(f"{where} must be a JSON object, got {type(obj).__name__}")
-        check_keys(obj, _SAMPLE_FIELDS, _SAMPLE_FIELDS)
+        check_keys(obj, (*_SAMPLE_FIELDS, *_SAMPLE_HOST_FIELDS), _SAMPLE_FIELDS)
         median = number(obj["median_ns"], f"{where}.median_ns", positive=True)
         ratio = None if obj["ratio"] is None else number(obj["ratio"], f"{where}.ratio", positive=True)
         against = None if obj["against_ns"] is None else number(obj["against_ns"], f"{where}.against_ns", positive=True)
@@ -185,6 +190,10 @@ class ProcessSample:
             blocks=integer(obj["blocks"], f"{where}.blocks", 0),
             aa_ratio=aa_ratio,
             aa_ci=aa_ci,
+            host_ns=None if obj.get("host_ns") is None else number(obj["host_ns"], f"{where}.host_ns", positive=True),
+            host_ratio=None
+            if obj.get("host_ratio") is None
+            else number(obj["host_ratio"], f"{where}.host_ratio", positive=True),
         )
 
 
@@ -242,6 +251,12 @@ class BaselineEntry:
             object.__setattr__(self, "samples", (one,))
         elif len(self.samples) != self.runs:
             raise ValueError(f"{self.case_id}: an entry of {self.runs} processes needs their {self.runs} samples")
+
+    @property
+    def host_ratio(self) -> float | None:
+        """The geometric mean of the processes' eager-call ratios to the reference; None where none has one."""
+        got = [x.host_ratio for x in self.samples if x.host_ratio is not None]
+        return math.exp(math.fsum(math.log(x) for x in got) / len(got)) if got else None
 
     @property
     def aa_readings(self) -> list[tuple[float, float]]:

@@ -39,10 +39,12 @@ from ..record import Status
 from ..settings import DEFAULT_MARGIN
 from .baseline import BaselineEntry
 from .policy import (
+    HOST_MARGIN,
     MACHINE_MOVED_RATIO_LIMIT,
     MAX_SAMPLES,
     MDE_POWER,
     NOISE_K,
+    REFERENCE_BAND,
     case_threshold,
     medians_threshold,
     sample_threshold,
@@ -119,6 +121,12 @@ class Verdict:
     # The gates that decide the case; the others are reported only. Under --perfguard-against the head/base
     # gate decides (with max_ratio): a stored number from another process would bring its drift back.
     deciding: frozenset[str] | None = None
+    # The timing cannot be believed (the reference moved beyond REFERENCE_BAND beside the case): the runner
+    # flags the case with this message.
+    flag: str | None = None
+    # ln(reference now / its stored centre) where the entry holds the reference's times: the run's end
+    # compares it with the other cases' (session._moved_alone).
+    reference_move: float | None = None
 
     def deciding_gates(self) -> list[Gate]:
         return [g for g in self.gates if self.deciding is None or g.name in self.deciding]
@@ -292,6 +300,7 @@ def decide(
     else:
         tau = math.log1p(policy.baseline_delta(stored))
         gate = _time_gate(now, stored, tau, policy)
+        _reference_band(verdict, against_blocks, stored, conf)
         moved = against_blocks is not None and _machine_moved(gate, against_blocks, stored, tau, conf)
         verdict.gates.append(gate)
         if ratio is not None and stored.ratio is not None:
@@ -411,6 +420,26 @@ def _machine_moved(gate: Gate, against_blocks: Sequence[float], stored: Baseline
     return False
 
 
+def _reference_band(
+    verdict: Verdict, against_blocks: Sequence[float] | None, stored: BaselineEntry, conf: float
+) -> None:
+    """The reference's move from its stored time, kept in the verdict; a move beyond REFERENCE_BAND at the
+    decision level flags the case: a GPU of the same model, torch and SDPA backend does not run the reference
+    twice as slow or as fast, something beside the case did (a process-wide switch, work left running)."""
+    move = _reference_move(against_blocks, stored, conf) if against_blocks else None
+    if move is None:
+        return
+    verdict.reference_move = move.estimate
+    band = math.log1p(REFERENCE_BAND)
+    if move.lo > band or move.hi < -band:
+        verdict.flag = (
+            f"reference moved beyond belief: the reference timed beside the variant ran "
+            f"{math.expm1(move.estimate) * 100:+.1f}% from its stored time (beyond the +-{REFERENCE_BAND:.0%} a "
+            "machine of the same model, torch and SDPA backend can explain); something the case did moved it. "
+            "The time gate cannot be excused by it"
+        )
+
+
 def _reference_move(against_blocks: Sequence[float], stored: BaselineEntry, conf: float) -> Interval | None:
     """How far the reference ran from its stored centre (the mean of its processes' log medians), as a log
     interval at the decision level; None when the entry lacks a reference time for any of its processes."""
@@ -506,6 +535,25 @@ def _unseen_device(gate: Gate, other: Gate, stored: BaselineEntry, device: str) 
         "and hosts of one model differ in time by more than the stored spread; the ratio gate does not fail "
         "it. A baseline recorded on this host judges it: pytest --perfguard-update-baseline here"
     )
+
+
+def host_gate(
+    variant_blocks: Sequence[float], against_blocks: Sequence[float], stored: BaselineEntry, policy: Policy
+) -> Gate | None:
+    """The eager call's cost against the stored one: its per-block ratio to the reference's eager call
+    (paired, so the host's own speed cancels) against the entry's processes' ratio, at HOST_MARGIN. None where
+    the entry holds no eager reading (older than the gate, or recorded on CPU)."""
+    centre = stored.host_ratio
+    if centre is None or not against_blocks:
+        return None
+    ratios = [v / a for v, a in zip(variant_blocks, against_blocks, strict=True)]
+    c = math.log(centre)
+
+    def shifted(x: Interval) -> Interval:
+        return Interval(x.estimate - c, x.lo - c, x.hi - c, x.confidence, x.n)
+
+    shown, dec = shifted(log_interval(ratios)), shifted(log_interval(ratios, policy.decision_confidence))
+    return _judge("host", dec, shown, math.log1p(HOST_MARGIN), "host time per eager call vs baseline", hint="")
 
 
 def _max_ratio_gate(log_r: Interval, log_r_dec: Interval, max_ratio: float) -> Gate:

@@ -14,10 +14,11 @@ import contextlib
 import math
 import os
 import random
+import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,111 +91,203 @@ def patched_message(names: Sequence[str]) -> str:
 # ------------------------------------------------------------------------------ timed outputs checked
 
 
-@dataclass(frozen=True)
-class _Refill:
-    """The values step 2 of `timed_outputs` writes into copy 0's inputs, and the oracle kept for them, if any."""
-
-    seed: int
-    values: list[tuple[str, torch.Tensor]]
-    oracle: Oracle | None
-
-
-def _other_values(
-    inputs: Inputs,
-    now: Oracle | None,
-    oracles: Sequence[Oracle],
-    fresh: Callable[[], tuple[int, Inputs]] | None,
-) -> _Refill | None:
-    """A kept oracle's values that fit `inputs` and differ from them, so the reference is not computed again;
-    else values from `fresh()`; None when there is neither."""
-    later = next((o for o in oracles if o is not now and o.fits(inputs) and not o.matches(inputs)), None)
-    if later is not None:
-        return _Refill(later.seed, later.values, later)
-    if fresh is not None:
-        new_seed, new_inputs = fresh()
-        return _Refill(new_seed, [(name, t.detach()) for name, t in tensors_of(new_inputs)], None)
-    return None
-
-
-def _replayed(
-    first: object,
-    outputs: dict[int, object],
-    sample: Callable[[], object],
-    inputs: Inputs,
-    tensors: list[tuple[str, torch.Tensor]],
-    refill: _Refill,
-    reference: Callable[..., Any],
-    overrides: Overrides,
-) -> str | None:
-    """Step 2 of `timed_outputs`: copy 0's inputs get the new values in place and its output NaN, the timed
-    sample runs once more, and the inputs and the output it leaves in `outputs` are judged. The caller puts
-    the original values back."""
-    for (_, t), (_, new) in zip(tensors, refill.values, strict=True):
-        t.copy_(new)
-    if isinstance(first, torch.Tensor) and first.is_floating_point():
-        first.fill_(math.nan)
-    sample()
-    if tensors[0][1].is_cuda:
-        torch.cuda.synchronize(tensors[0][1].device)
-    changed = modified_input(refill.values, tensors)
-    if changed:
-        return f"input mutation: the timed calls modified input {changed} in place (seed {refill.seed})"
-    try:
-        judge_output(outputs.get(0), inputs, reference, overrides, seed=refill.seed, oracle=refill.oracle)
-    except CorrectnessFailure as exc:
-        return (
-            "timed output wrong: a replay of the timed calls on new input values, outside the timed window, "
-            f"returned a stale, cached, unfinished or partial result: {exc}"
-        )
-    return None
-
-
 def timed_outputs(
     outputs: dict[int, object],
-    sample: Callable[[], object] | None,
     inputs: Inputs,
     reference: Callable[..., Any],
     overrides: Overrides,
     *,
     seed: int,
     oracles: Sequence[Oracle] = (),
-    fresh: Callable[[], tuple[int, Inputs]] | None = None,
 ) -> str | None:
-    """What was timed is what was checked: the message of the first failure, or None.
-
-    1. The output of the last timed call on input copy 0 (`inputs`, drawn with `seed`) is judged against
-       the oracle on that copy.
-    2. Copy 0's inputs are overwritten in place with other values, the output is poisoned with NaN, and the
-       timed sample runs once more (a graph replay on CUDA). Its output must match the oracle on the new
-       values, and the inputs must be unchanged. A result cached by pointer or shape, memory holding an
-       earlier answer, work that is not in the replay, or a kernel that behaves differently once timed,
-       all fail here: none of them can answer for values that were never at these addresses.
-    The inputs get their original values back afterwards.
-
-    `oracles` are the correctness gate's (its first seeds): the one whose values equal `inputs` judges step
-    1, and one with other values is step 2's refill, so neither step computes the reference again. Where
-    none fits (one seed, or a test whose inputs differ between two calls with one seed), the reference is
-    computed, on values from `fresh()` for step 2.
-    """
-    first = outputs.get(0)
+    """The output of the last timed call on input copy 0 (`inputs`, drawn with `seed`: the gate's first
+    seed) judged as the correctness gate judged it, on the gate's oracle for those values where it kept one.
+    A kernel that passes its checked calls and returns something else once timed fails here. Work skipped
+    on the other copies, or on values never seen, is `every_copy`'s to find."""
     now = next((o for o in oracles if o.matches(inputs)), None)
-    where = "the output of the last timed call"
     try:
-        judge_output(first, inputs, reference, overrides, seed=seed, oracle=now)
+        judge_output(outputs.get(0), inputs, reference, overrides, seed=seed, oracle=now)
     except CorrectnessFailure as exc:
-        return f"timed output wrong: {where} fails the check that its correctness calls passed: {exc}"
-    if sample is None:
-        return None
-    tensors = tensors_of(inputs)
-    refill = _other_values(inputs, now, oracles, fresh)
-    if refill is None:
-        return None
-    original = now.values if now is not None else [(name, t.detach().clone()) for name, t in tensors]
+        return (
+            "timed output wrong: the output of the last timed call fails the check that its correctness calls "
+            f"passed: {exc}"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class TimedCopies:
+    """What the variant's blocks timed: its samples, taken in turn (member j runs input copies j*reps ..
+    (j+1)*reps-1), the copies' inputs, the output of the last call on each copy (a graph's own output
+    tensors, which every replay overwrites), and new values for a copy: `fresh(i)` returns a seed drawn
+    afresh and inputs made from it, of the copy's form, never the correctness seeds' values."""
+
+    members: Sequence[Callable[[], Any]]
+    reps: int
+    inputs: Mapping[int, Inputs]
+    outputs: dict[int, object]
+    fresh: Callable[[int], tuple[int, Inputs]]
+
+    def copies_of(self, j: int) -> range:
+        return range(j * self.reps, (j + 1) * self.reps)
+
+    @property
+    def count(self) -> int:
+        return len(self.members) * self.reps
+
+
+def _refill(tensors: Sequence[tuple[str, torch.Tensor]], new: Inputs) -> list[tuple[str, torch.Tensor]]:
+    """Writes `new`'s values into the copy's tensors in place (same addresses, so a graph replays them) and
+    returns them, detached, for the input-mutation check."""
+    values = [(name, t.detach()) for name, t in tensors_of(new)]
+    if [(n, t.shape, t.dtype) for n, t in values] != [(n, t.shape, t.dtype) for n, t in tensors]:
+        raise ValueError("the test made inputs of another form for a new seed; each copy must have one form")
+    for (_, t), (_, v) in zip(tensors, values, strict=True):
+        t.copy_(v)
+    return values
+
+
+def _sync(tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+    if tensors and tensors[0][1].is_cuda:
+        torch.cuda.synchronize(tensors[0][1].device)
+
+
+@contextlib.contextmanager
+def _values_kept(copies: TimedCopies, indices: Sequence[int]) -> Iterator[dict[int, list[tuple[str, torch.Tensor]]]]:
+    """The copies' tensors by index; their timed values are put back on the way out (the later checks, the
+    degenerate-input one, time the same copies)."""
+    tensors = {i: tensors_of(copies.inputs[i]) for i in indices}
+    saved = {i: [t.detach().clone() for _, t in ts] for i, ts in tensors.items()}
     try:
-        return _replayed(first, outputs, sample, inputs, tensors, refill, reference, overrides)
+        yield tensors
     finally:
-        for (_, t), (_, old) in zip(tensors, original, strict=True):
-            t.copy_(old)
+        for i, ts in tensors.items():
+            for (_, t), old in zip(ts, saved[i], strict=True):
+                t.copy_(old)
+            _sync(ts)
+
+
+def every_copy(copies: TimedCopies, reference: Callable[..., Any], overrides: Overrides) -> str | None:
+    """Every timed copy checked on values the variant has never seen: for each sample the blocks took in
+    turn, every copy it runs gets new values in place (outside the timed window) and a NaN output, the
+    sample runs once more (one graph replay on CUDA), and each copy's output must match the float64 oracle
+    on its new values, with the inputs unchanged. The message of the first failure, or None.
+
+    Checking copy 0 alone let a variant that did nothing on the other copies read 45-49% faster (H100,
+    2026-11-27); refilling with the correctness seeds' values let a memo keyed on values the variant had
+    already seen pass. New seeds per copy close both: a result cached by pointer, shape or value, memory
+    holding an earlier answer, work left out of the replay or done on some copies only, all fail here.
+    """
+    n = copies.count
+    for j, member in enumerate(copies.members):
+        indices = list(copies.copies_of(j))
+        with _values_kept(copies, indices) as tensors:
+            new: dict[int, tuple[int, list[tuple[str, torch.Tensor]]]] = {}
+            for i in indices:
+                seed, made = copies.fresh(i)
+                new[i] = (seed, _refill(tensors[i], made))
+                out = copies.outputs.get(i)
+                if isinstance(out, torch.Tensor) and out.is_floating_point():
+                    out.fill_(math.nan)
+            member()
+            _sync(tensors[indices[0]])
+            for i in indices:
+                seed, values = new[i]
+                where = f"input copy {i + 1} of {n} (seed {seed})"
+                changed = modified_input(values, tensors[i])
+                if changed:
+                    return f"input mutation: the timed calls modified input {changed} in place on {where}"
+                try:
+                    judge_output(copies.outputs.get(i), copies.inputs[i], reference, overrides, seed=seed)
+                except CorrectnessFailure as exc:
+                    return (
+                        f"timed output wrong on {where}: a replay of the timed sample on new input values, never "
+                        "seen by the variant, written outside the timed window, returned a stale, cached, "
+                        f"unfinished or partial result: {exc}"
+                    )
+    return None
+
+
+# A memo: a run of a timed sample on new values, against a run on the values it has already run. An honest
+# kernel reads the same both times (each sample starts on a flushed L2); a kernel that keeps an answer for
+# values it has seen (a device-side fingerprint, a cache keyed on tensor versions) is faster on seen values,
+# and every timed sample but the first ran on seen values. On a GPU the factor is MEMO_FACTOR; on a host, where one
+# process reads 2.3x slow at times, MEMO_FACTOR_HOST; judged on paired rounds (seen_values).
+MEMO_FACTOR = 1.10
+MEMO_FACTOR_HOST = 1.30
+MEMO_ROUNDS = 3
+MEMO_CONFIRM_ROUNDS = 7
+
+
+@dataclass(frozen=True)
+class SeenResult:
+    flag: str | None
+    note: str
+    ratio: float  # new values / seen values, fastest per member, summed over members
+
+
+def _fresh_and_seen(copies: TimedCopies, rounds: int, order: random.Random) -> list[float]:
+    """Per round, the run on new values over the run on the values the copies already hold, each summed over
+    the members. Each run follows the same host work (new values drawn for every copy of a member), written
+    into the copies for the first kind and thrown away for the second, the two kinds in a random order: the
+    first run after other host work reads slower on a host (caches), and only the values may differ."""
+    ratios = []
+    with _values_kept(copies, range(copies.count)) as tensors:  # put back once: a write is a new value
+        for _ in range(rounds):
+            totals = {True: 0.0, False: 0.0}
+            for j, member in enumerate(copies.members):
+                indices = list(copies.copies_of(j))
+                kinds = [True, False]
+                order.shuffle(kinds)
+                for new in kinds:
+                    drawn = [copies.fresh(i)[1] for i in indices]
+                    if new:
+                        for i, made in zip(indices, drawn, strict=True):
+                            _refill(tensors[i], made)
+                    _sync(tensors[indices[0]])
+                    totals[new] += _device_ns(member())
+            ratios.append(totals[True] / totals[False] if totals[False] > 0 else 1.0)
+    return ratios
+
+
+def _device_ns(sample: Any) -> float:
+    return float(getattr(sample, "device_ns", 0.0))
+
+
+def seen_values(copies: TimedCopies, *, host: bool) -> SeenResult:
+    """The timed samples' speed on values they have already seen against new values (`every_copy` checks
+    the answers; this checks the time). Flags a kernel that is faster on values it has seen by MEMO_FACTOR
+    (MEMO_FACTOR_HOST on a host timer), the median of MEMO_ROUNDS paired rounds, then of MEMO_CONFIRM_ROUNDS
+    more, every one of which must read slower on new values.
+
+    Measured on an H100 (2026-11-27): a device-side fingerprint of a few input elements that skipped half the
+    work read 22% faster than the job; a memo on the tensors' version counters in stream mode, 31%. What gets
+    past it: a memo that saves less than the factor (10% on a GPU): the stored gate's margin is of that order,
+    so such a memo can hide a regression of that size, no more."""
+    factor = MEMO_FACTOR_HOST if host else MEMO_FACTOR
+    order = random.Random(copies.count)
+    ratios = _fresh_and_seen(copies, MEMO_ROUNDS, order)
+    ratio = statistics.median(ratios)
+    flagged = False
+    if ratio >= factor:
+        # A first look can be noise; the claim needs the confirming rounds' median past the factor and all but
+        # one of them slower on new values (one round may meet a preempted host): an honest kernel, whatever
+        # its noise, reads that way with odds of 8 in 2^7 on the second condition alone.
+        ratios = _fresh_and_seen(copies, MEMO_CONFIRM_ROUNDS, order)
+        ratio = statistics.median(ratios)
+        flagged = ratio >= factor and sum(r > 1.0 for r in ratios) >= len(ratios) - 1
+    seen_text = (
+        f"on new input values its timed samples read {ratio:.2f}x their time on values they had already run "
+        f"(median of {len(ratios)} paired rounds, {len(copies.members)} sample(s) of {copies.reps} call(s))"
+    )
+    if flagged:
+        return SeenResult(
+            f"memo on seen inputs: {seen_text}, above {factor:.2f}x: the variant keeps answers for inputs it has "
+            "seen, and every timed call ran on such inputs; its time is not the time of the job",
+            "",
+            ratio,
+        )
+    return SeenResult(None, f"seen-values check: {seen_text}", ratio)
 
 
 # ------------------------------------------------------------------------------------ unseen work

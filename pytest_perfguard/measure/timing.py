@@ -21,7 +21,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -283,11 +283,15 @@ class CudaTimer:
     def prepare(self, calls: Sequence[Call]) -> PreparedSample:
         error = None
         if self.use_graph:
+            import torch
+
+            current = torch.cuda.current_stream(self.device)
             try:
                 return _CudaGraphSample(self, calls)
             except Exception as exc:  # capture is best effort: host syncs or CPU work inside a call break it
-                import torch
-
+                # A capture that raised leaves its capture stream current (found on an H100, 2026-11-28, by the
+                # guard of torch's global state): the fallback, and every later case, would launch there.
+                torch.cuda.set_stream(current)
                 torch.cuda.synchronize(self.device)
                 error = f"{type(exc).__name__}: {exc}"
                 self.capture_errors.append(error)
@@ -413,6 +417,8 @@ class Measurement:
     # replay overwrites, so after a replay they hold what the timed calls computed.
     sample: PreparedSample | None = None
     outputs: dict[int, object] = field(default_factory=dict)
+    # Every sample the variant's blocks took in turn: member j timed input copies j*reps .. (j+1)*reps-1.
+    members: list[PreparedSample] = field(default_factory=list)
 
     @property
     def blocks(self) -> int:
@@ -552,7 +558,7 @@ def measure(
         size,
         stop_reason,
         (timer.now_ns() - t_start) / 1e9,
-        first_member(samples["v"]),
+        samples["v"],
         timer.kind,
         kept["v"],
         base is not None,
@@ -752,6 +758,7 @@ class _Tally:
         outputs: dict[int, object],
         ab: bool,
     ) -> Measurement:
+        members = list(sample.members) if isinstance(sample, _Rotation) else [sample]
         log_t, log_r = _intervals(self.blocks["v"], self.blocks.get("a"), cfg.confidence)
         return Measurement(
             variant_blocks=self.blocks["v"],
@@ -763,7 +770,8 @@ class _Tally:
             stop_reason=stop_reason,
             reps=size.reps,
             samples_per_block=size.samples_per_block,
-            mode=getattr(sample, "mode", kind),
+            # A rotation whose members did not all capture is timed partly in stream mode: it says so.
+            mode=next((m.mode for m in members if m.mode != members[0].mode), getattr(sample, "mode", kind)),
             elapsed_s=elapsed_s,
             wall_ratio=statistics.median(self.wall_ratios) if self.wall_ratios else 1.0,
             notes=self.notes,
@@ -771,8 +779,9 @@ class _Tally:
             groups=self.groups if ab else None,
             gap_ns=statistics.median(self.gaps) if self.gaps else 0.0,
             sample_ns=statistics.median(self.sample_times) if self.sample_times else 0.0,
-            sample=sample,
+            sample=members[0],
             outputs=outputs,
+            members=members,
         )
 
 
@@ -854,7 +863,72 @@ def pooled(first: Measurement, second: Measurement, confidence: float) -> Measur
         sample_ns=second.sample_ns,
         sample=second.sample,
         outputs=second.outputs,
+        members=second.members,
     )
+
+
+# The eager call's timing: HOST_BLOCKS blocks per side, in a random order each, each block of as many calls as
+# fill HOST_BLOCK_NS (at least HOST_MIN_CALLS, at most HOST_MAX_CALLS), the device synchronised before and
+# after each block, so the block's wall time is what a user's loop of calls costs: the host's work, the
+# launches and the device's. 12 blocks: the gate decides at the run's family-wise confidence (99.9% for 98
+# cases), which a signed-rank interval of 8 blocks cannot reach: every case was undecided (H100, 2026-11-28).
+HOST_BLOCKS = 12
+HOST_BLOCK_NS = 250_000.0
+HOST_MIN_CALLS = 1
+HOST_MAX_CALLS = 200
+
+
+@dataclass(frozen=True)
+class HostTime:
+    """The eager call, host and device, per call: the variant's block times and `against`'s."""
+
+    variant_blocks: list[float]
+    against_blocks: list[float] | None
+    calls_per_block: int
+
+    @property
+    def time(self) -> Interval:
+        return log_interval(self.variant_blocks).exp()
+
+    @property
+    def ratio(self) -> Interval | None:
+        if self.against_blocks is None:
+            return None
+        return log_interval([v / a for v, a in zip(self.variant_blocks, self.against_blocks, strict=True)]).exp()
+
+
+def host_time(
+    sides: Mapping[str, Sequence[Call]],
+    sync: Callable[[], None],
+    *,
+    per_call_ns: float,
+    clock: Clock = time.perf_counter_ns,
+    rng: random.Random | None = None,
+    blocks: int = HOST_BLOCKS,
+) -> HostTime:
+    """Times each side's calls as a user's loop makes them (`sides["v"]`, and `sides["a"]` if given: calls on
+    the measurement's input copies, taken in turn), in interleaved blocks; `per_call_ns` (the device time per
+    call) sizes the blocks. Graph replay measures the device alone; this measures what the host adds, so a
+    wrapper that got slower (a `.item()`, a host-side shape check, an autotuner's launch path) is seen."""
+    rng = rng or random.Random()
+    n = int(max(HOST_MIN_CALLS, min(HOST_MAX_CALLS, math.ceil(HOST_BLOCK_NS / max(per_call_ns, 1.0)))))
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for calls in sides.values():  # one warm block each: caches, the allocator, lazy paths
+        for i in range(min(n, len(calls))):
+            calls[i % len(calls)]()
+    sync()
+    for _ in range(blocks):
+        order = list(sides)
+        rng.shuffle(order)
+        for side in order:
+            calls = sides[side]
+            sync()
+            t0 = clock()
+            for i in range(n):
+                calls[i % len(calls)]()
+            sync()
+            times[side].append(float(clock() - t0) / n)
+    return HostTime(times["v"], times.get("a"), n)
 
 
 def make_timer(device: str, clock: Clock | None = None) -> Timer:

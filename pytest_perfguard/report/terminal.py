@@ -133,7 +133,11 @@ SHORT_HEADERS = ["variant", "shape", "time ± CI", "vs against", "Δ baseline", 
 
 def needs_a_look(r: CaseRecord) -> bool:
     """Failing and inconclusive cases: the ones a reader has to act on, shown first with their reason."""
-    return r.outcome is Outcome.FAILED or (r.verdict is not None and attention(str(r.verdict)))
+    return (
+        r.outcome is Outcome.FAILED
+        or r.decision == "unverified"
+        or (r.verdict is not None and attention(str(r.verdict)))
+    )
 
 
 def _skipped(r: CaseRecord) -> bool:
@@ -161,18 +165,39 @@ def _short_ratio(r: CaseRecord) -> str:
     return text if r.ratio_ci is None else f"{text} {plus_minus(r.ratio, r.ratio_ci)}"
 
 
-def _short_row(r: CaseRecord, ab: bool) -> list[str]:
+def verdict_text(r: CaseRecord) -> str:
+    """The verdict as the table shows it: an undecided one says it is unverified (policy.decision)."""
+    text = str(r.verdict or r.outcome)
+    return f"unverified: {text}" if r.decision == "unverified" and text != "unverified" else text
+
+
+def host_text(r: CaseRecord) -> str:
+    """What the eager call costs beyond the device time (the launch overhead), "+12.3 us"; "-" where the host
+    time was not measured (CPU: the timed figure is the host's)."""
+    if r.host_ns is None or r.median_ns is None:
+        return "-"
+    return "+" + format_time(max(r.host_ns - r.median_ns, 0.0))
+
+
+def _time_text(r: CaseRecord) -> str:
+    stream = " [stream]" if r.mode == "cuda-stream" else ""
+    return f"{format_time(r.median_ns)} {plus_minus(r.median_ns, r.ci_ns)}{stream}"
+
+
+def _short_row(r: CaseRecord, ab: bool, host: bool = False) -> list[str]:
     if not r.timed:
-        return [r.variant, shape_label(r), "-", "-", "-", *(["-"] if ab else []), "-", str(r.verdict or r.outcome)]
+        blank = ["-"] * (3 + ab + host)
+        return [r.variant, shape_label(r), *blank, "-", verdict_text(r)]
     return [
         r.variant,
         shape_label(r),
-        f"{format_time(r.median_ns)} {plus_minus(r.median_ns, r.ci_ns)}",
+        _time_text(r),
+        *([host_text(r)] if host else []),
         _short_ratio(r),
         _short_delta(r, "baseline"),
         *([_short_delta(r, "ab")] if ab else []),
         _mde(r),
-        str(r.verdict or r.outcome),
+        verdict_text(r),
     ]
 
 
@@ -252,12 +277,15 @@ def terminal_lines(
         ]
     shown = [r for r in records if not _skipped(r)]
     ab = any(r.gate("ab") is not None for r in shown)
+    host = any(r.host_ns is not None for r in shown)
     headers = list(SHORT_HEADERS)
     if ab:
         headers.insert(5, "Δ base rev")
+    if host:
+        headers.insert(3, "host +")
     look = sorted((r for r in shown if needs_a_look(r)), key=lambda r: status_rank(status_of(r)))  # then by id
     rest = [r for r in shown if not needs_a_look(r)]
-    rows = {r.id: _short_row(r, ab) for r in shown}
+    rows = {r.id: _short_row(r, ab, host) for r in shown}
     widths = _fit([headers, *rows.values()], width, shrink=1) if shown else []
     out: list[str] = []
     if shown:
@@ -279,5 +307,7 @@ def terminal_lines(
             out.extend(textwrap.wrap(why(r), width, initial_indent="    ", subsequent_indent="      "))
     out.extend(skip_lines(records, width))
     out.extend(margin_lines(shown, margin, width))
+    if host:
+        out.append("host +: what the eager call costs beyond the device time (launch and host work, per call)")
     out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column and skipped row: -v")
     return out

@@ -9,6 +9,7 @@ measure/integrity.py; this module runs them in the case's order, under the devic
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -23,6 +24,12 @@ from ..measure.timing import Measurement, Timer
 from ..record import CaseRecord
 from ..settings import Settings
 from .workload import Trial, draw_seeds, finite, input_bytes
+
+
+def capture_error(m: Measurement) -> str | None:
+    """Why a timed sample could not be captured in a CUDA graph (the first member's that could not), or None."""
+    samples: list[object] = [*m.members, m.sample]
+    return next((e for x in samples if (e := getattr(x, "capture_error", None))), None)
 
 
 class DeviceLock(Protocol):
@@ -44,6 +51,7 @@ class IntegrityChecks:
         # patch made during the case (by its kernel, in its timed calls) is seen after timing.
         self.bindings = bindings
         self.spent: dict[str, float] = {}  # seconds per check, outside the timed window
+        self.notes: list[str] = []  # what the checks saw that passed, for the record's notes
 
     @contextlib.contextmanager
     def _check(self, name: str) -> Iterator[None]:
@@ -66,6 +74,8 @@ class IntegrityChecks:
         return integrity.ProfiledCall(torch.device(self.settings.device) if self.kind == "cuda" else None)
 
     def record_spent(self, record: CaseRecord) -> None:
+        record.notes = [*record.notes, *self.notes]
+        self.notes = []
         record.checks = {name: round(s, 4) for name, s in sorted(self.spent.items())}
         record.checks_s = round(sum(self.spent.values()), 4)
 
@@ -104,7 +114,7 @@ class IntegrityChecks:
         wrong = self._timed_outputs(trial, m)
         if wrong:
             return wrong
-        forked = integrity.forked_work(getattr(m.sample, "capture_error", None))
+        forked = integrity.forked_work(capture_error(m))
         if forked:
             return forked
         if m.mode.startswith("cuda"):
@@ -120,23 +130,34 @@ class IntegrityChecks:
         return self._degenerate(trial, record, m, timer)
 
     def _timed_outputs(self, trial: Trial, m: Measurement) -> str | None:
+        """What was timed is what was checked: the last timed output on copy 0, then every timed copy on new
+        values, then the time on new values against seen ones (a memo)."""
         s, case = self.settings, trial.case
+        overrides = [case.tolerance, trial.variant.tolerance]
+        with self.lock(exclusive=True), self._check("timed outputs"):
+            wrong = integrity.timed_outputs(
+                m.outputs, trial.first, case.reference, overrides, seed=trial.seeds[0], oracles=trial.oracles
+            )
+        if wrong or trial.timed is None or not m.members:
+            return wrong
+        drawn = itertools.count()
+        start = s.seed + 7919 if s.seed is not None else None
 
-        def fresh() -> tuple[int, Inputs]:
-            seed = draw_seeds(1, s.seed + 7919 if s.seed is not None else None)[0]
+        def fresh(i: int) -> tuple[int, Inputs]:
+            # A seed no other step uses, a new one on every call: a round that wrote back a value the variant
+            # saw in the round before would let a memo of one entry pass.
+            seed = draw_seeds(1, start + next(drawn) if start is not None else None)[0]
             return seed, trial.make_inputs(seed)
 
-        with self.lock(exclusive=True), self._check("timed outputs"):
-            return integrity.timed_outputs(
-                m.outputs,
-                m.sample,
-                trial.first,
-                case.reference,
-                [case.tolerance, trial.variant.tolerance],
-                seed=trial.seeds[0],
-                oracles=trial.oracles,
-                fresh=fresh,
-            )
+        copies = integrity.TimedCopies(m.members, m.reps, trial.timed.inputs, m.outputs, fresh)
+        with self.lock(exclusive=True), self._check("every timed copy"):
+            wrong = integrity.every_copy(copies, case.reference, overrides)
+        if wrong:
+            return wrong
+        with self.lock(exclusive=True), self._check("seen values"):
+            seen = integrity.seen_values(copies, host=self.kind != "cuda")
+        self.notes.append(seen.note)
+        return seen.flag
 
     def _degenerate(self, trial: Trial, record: CaseRecord, m: Measurement, timer: Timer) -> str | None:
         """A constant input timed against a varied one: a kernel that skips work on it is flagged."""

@@ -14,6 +14,14 @@ held, and after the session's last case they are confirmed together in one more 
 the same rules, and only then reported, so that the terminal, junit, the xdist controller and the results
 file all see the final verdict. Each xdist worker batches its own. Against a stored baseline, a regression
 the fresh process does not repeat is judged on both processes together (policy.mean_threshold).
+
+A slowdown can also belong to what ran before the case: an autotune cache keyed wrongly hands a case the
+configuration another shape tuned (+57% and +62% on an H100, in the suite only). Alone, a fresh process
+cannot repeat that, yet a user's CI runs the whole suite, where it lives. So a regression that the fresh
+process does not repeat is run once more in a fresh process after the cases that preceded it here, in this
+process's own order (`RunOrder`; an xdist worker's own, not the collection's), and fails the case if it
+regresses there ("only after ..."). The replay is a bounded tail (`CONTEXT_CASES`, `CONTEXT_S`): a slowdown
+that needs an earlier case than that is not seen by it (tests/test_context_confirm.py).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,6 +62,18 @@ if TYPE_CHECKING:
 # Set in a batch's fresh process: each case there is judged as a single confirmation judges its one case
 # (a family of one), not widened for the batch's size.
 ALONE_ENV = "PERFGUARD_CONFIRM_ALONE"
+
+# The tail of this process's run a regression is replayed after (`RunOrder.window`): at most this many of the
+# items that preceded it, and no more of them than took this many seconds here (at least the one just before
+# it). A slowdown left by another case comes from the same kernel's other shapes or variants far more often
+# than from anything else, and those run together (a parametrization's cases are adjacent; an xdist worker
+# sorts perf cases by stored time, which keeps a kernel's shapes near one another), so a tail of 32 covers a
+# seed grid; 120 s is about 15-25 GPU cases at the default budget, and each replay costs that again.
+CONTEXT_CASES = 32
+CONTEXT_S = 120.0
+# A batch replays the windows of all its unrepeated regressions in one process, their union in run order;
+# its windows are admitted in run order while that union took at most this long here.
+CONTEXT_BATCH_S = 4 * CONTEXT_S
 
 
 def judged_alone() -> bool:
@@ -117,7 +137,7 @@ class FreshProcess:
     thread, and none blocks on a full pipe while another is waited for."""
 
     folder: tempfile.TemporaryDirectory[str]
-    nodeids: list[str]
+    nodeids: list[str]  # the cases whose records are read (a replay's context cases run, but are not read)
     timeout_s: float | None
     started: float = field(default_factory=time.monotonic)
     proc: subprocess.Popen[bytes] | None = None
@@ -157,21 +177,24 @@ def start_fresh_cases(
     total_budget: float = 0.0,
     alone: bool = False,
     update: bool = False,
+    judged: Sequence[str] | None = None,
 ) -> FreshProcess:
     """Start these items, in this order, in one new process with these settings (one start for many cases: a
     batch of confirmations, an update's further processes); its ``result()`` waits for their records by id,
     or says why there are none, and the process runs meanwhile. ``total_budget``: seconds of measurement the
     process may spend (0: unlimited); ``alone``: judge each case as a family of one, as a single confirmation
-    does; ``update``: one of an update's processes, whose times are stored."""
+    does; ``update``: one of an update's processes, whose times are stored; ``judged``: the items whose
+    records are read, when the others only run before them (a replay in context, `replay_in_context`)."""
     _release_device_memory()
+    read = list(nodeids) if judged is None else list(judged)
     # The pid in the name lets the next session remove the folder if this one is killed.
-    fresh = FreshProcess(tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-"), nodeids, timeout_s)
+    fresh = FreshProcess(tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-"), read, timeout_s)
     folder = Path(fresh.folder.name)
     env = _child_env(settings, folder / "confirm.json", total_budget, alone=alone, update=update)
     try:
         with (folder / "output.txt").open("wb") as output:
             fresh.proc = subprocess.Popen(
-                _child_command(config, nodeids),
+                _child_command(config, nodeids, in_order=judged is not None),
                 cwd=config.rootpath,
                 env=env,
                 stdout=output,
@@ -219,14 +242,19 @@ def _child_env(settings: Settings, out: Path, total_budget: float, *, alone: boo
     return env
 
 
-def _child_command(config: pytest.Config, nodeids: list[str]) -> list[str]:
-    """pytest on these items with this session's rootdir, config file and `-p` plugins, in one process."""
+def _child_command(config: pytest.Config, nodeids: list[str], *, in_order: bool = False) -> list[str]:
+    """pytest on these items with this session's rootdir, config file and `-p` plugins, in one process.
+    ``in_order``: a replay in context, whose items must all run, in the order given."""
     cmd = [sys.executable, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", "--perfguard"]
     cmd += ["--rootdir", str(config.rootpath), *_plugin_args(config)]
     if config.inipath is not None:
         cmd += ["-c", str(config.inipath)]
     if config.pluginmanager.hasplugin("xdist"):
         cmd += ["-n", "0"]  # overrides an `-n` in addopts: these cases, in this one process
+    if in_order:
+        # A context case that fails there must not stop the run before the case it precedes (an `-x` in
+        # addopts), and pytest-randomly would shuffle the order that is the point of the run.
+        cmd += ["--maxfail", "0", "-p", "no:randomly"]
     return cmd
 
 
@@ -253,7 +281,7 @@ def _fresh(run: CaseRun) -> tuple[CaseRecord | str, Confirmed] | None:
         return None
     state.confirmations += 1
     t0 = time.monotonic()
-    with run.clock.paused():  # the fresh process has its own deadline
+    with run.clock.paused(), _aside(run.item.config):  # the fresh process has its own deadline
         child = run_fresh(run.item, state.settings, run.fresh_process_timeout())
     return child, _kept(child, round(time.monotonic() - t0, 1))
 
@@ -309,7 +337,8 @@ def _reconfirm(run: CaseRun, verdict: Verdict, claim: Status, shown_gates: tuple
         cap = run.state.settings.confirm_max
         return _noted(verdict, claim, None, f"not confirmed in a fresh process: {cap} confirmations already run")
     child, info = fresh
-    return settle(run, verdict, claim, child, info, shown_gates, tail)
+    context = _in_context(run, child) if claim is Status.REGRESSED else None
+    return settle(run, verdict, claim, child, info, shown_gates, tail, context=context)
 
 
 def _noted(verdict: Verdict, status: Status, info: Confirmed | None, text: str, first: bool = False) -> Confirmation:
@@ -326,9 +355,12 @@ def settle(
     shown_gates: tuple[str, ...] = ("ab", "baseline"),
     tail: str = REGRESSED_TAIL,
     batch: str = "",
+    context: Context | None = None,
 ) -> Confirmation:
     """`claim` judged with what the fresh process made of the case (its record, or why there is none): the
-    one rule of a single confirmation and of a batch's (``batch`` names the batch, in the notes)."""
+    one rule of a single confirmation and of a batch's (``batch`` names the batch, in the notes). A
+    regression that the fresh process did not repeat, but that a replay after the cases that preceded it
+    here (``context``) did, stands: the slowdown is the suite's, and the suite is what CI runs."""
     within = f" ({batch})" if batch else ""
     if isinstance(child, str):
         what = "the regression" if claim is Status.REGRESSED else "the verdict"
@@ -337,17 +369,29 @@ def settle(
     again = next((g.reason for g in child.gates if g.status is claim), None)
     if child.verdict is claim:
         return _noted(verdict, claim, info, f"confirmed in a fresh process{within}: {again or claim}")
+    after = ""
+    if context is not None:
+        if context.reproduced:
+            assert isinstance(context.child, CaseRecord)
+            there = next((g.reason for g in context.child.gates if g.status is claim), None)
+            text = (
+                f"confirmed in a fresh process{within} only after {_cases(context.after)}, as in this process "
+                f"(alone it read {child.verdict}): {there or claim}"
+            )
+            return _noted(verdict, claim, context.kept(info), text)
+        after, info = f"; {context.said()}", context.added_to(info)
     shown = next((g.reason for g in child.gates if g.name in shown_gates), None)
     text = (
         f"not confirmed: {first} in this process, but {child.verdict} in a fresh one"
         + (f" ({shown})" if shown else "")
         + (f", {batch}" if batch else "")
         + tail
+        + after
     )
     if claim is Status.REGRESSED:
         together = _two_processes(run, verdict, child)
         if together is not None and together[0] is not None:
-            return _noted(verdict, together[0], info, f"not confirmed{within}: {together[1]}", first=True)
+            return _noted(verdict, together[0], info, f"not confirmed{within}: {together[1]}{after}", first=True)
         if together is not None:
             text += f"; {together[1]}"
     passed = claim is Status.FASTER and child.verdict is Status.PASS
@@ -457,6 +501,189 @@ def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict:
     return Confirmation(status, info)
 
 
+# ------------------------------------------------------------------------------------------ the context
+
+
+@dataclass
+class RanItem:
+    """An item this process ran, and what it took here."""
+
+    nodeid: str
+    took_s: float = 0.0  # its protocol less its fresh processes (`aside_s`); 0 while it runs
+    aside_s: float = 0.0
+
+
+class RunOrder:
+    """The items this process ran, in its order, and what each took: the context a regression is replayed
+    after (`replay_in_context`). A pytest plugin, installed with the session's `Batch`. Not the session's
+    records, which hold perf cases only, in the order they concluded (a batched regression's after the last
+    case), while a plain test can leave state behind too; not `session.items`, of which an xdist worker
+    runs its share, and in an order of its own (xdist.longest_first)."""
+
+    def __init__(self) -> None:
+        self.ran: list[RanItem] = []
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Generator[None, object, object]:
+        entry = RanItem(item.nodeid)
+        self.ran.append(entry)  # before it runs: its own confirmation reads what preceded it
+        t0 = time.monotonic()
+        try:
+            return (yield)
+        finally:
+            entry.took_s = max(time.monotonic() - t0 - entry.aside_s, 0.0)
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """Around a fresh process started during an item: not the item's time, which bounds a replay."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            if self.ran:
+                self.ran[-1].aside_s += time.monotonic() - t0
+
+    def window(self, nodeid: str) -> tuple[int, list[int]] | None:
+        """Where the item last ran here, and the items a replay runs before it: the newest of those that
+        preceded it, at most CONTEXT_CASES of them and CONTEXT_S of their time here (at least one), in
+        order. None when nothing ran before it."""
+        at = next((i for i in range(len(self.ran) - 1, -1, -1) if self.ran[i].nodeid == nodeid), None)
+        if at is None:
+            return None
+        kept: list[int] = []
+        spent = 0.0
+        for i in range(at - 1, -1, -1):
+            ran = self.ran[i]
+            if ran.nodeid == nodeid:
+                continue  # an earlier run of the same item (a rerun plugin): it is the one replayed
+            if len(kept) >= CONTEXT_CASES or (kept and spent + ran.took_s > CONTEXT_S):
+                break
+            kept.append(i)
+            spent += ran.took_s
+        return (at, kept[::-1]) if kept else None
+
+    def plan(self, nodeids: Sequence[str]) -> tuple[list[str], float, list[str]]:
+        """One replay for these items: what it runs (each one's window and the item, in this process's
+        order: a subsequence of what ran here, so no item runs after anything it did not follow here), what
+        the context items took here, and the items it replays. Windows are admitted in run order while their
+        union took at most CONTEXT_BATCH_S here; an item without a window is not replayed."""
+        windows = sorted((w for w in map(self.window, dict.fromkeys(nodeids)) if w is not None), key=lambda w: w[0])
+        chosen: set[int] = set()
+        targets: set[int] = set()
+        took = 0.0
+        for at, kept in windows:
+            more = [i for i in kept if i not in chosen and i not in targets]
+            cost = math.fsum(self.ran[i].took_s for i in more)
+            if targets and took + cost > CONTEXT_BATCH_S:
+                continue
+            chosen.update(more)
+            targets.add(at)
+            took += cost
+        ids = list(dict.fromkeys(self.ran[i].nodeid for i in sorted(chosen | targets)))
+        return ids, took, [self.ran[i].nodeid for i in sorted(targets)]
+
+
+RUN_ORDER = pytest.StashKey[RunOrder]()
+
+
+@dataclass
+class Context:
+    """What a replay after the cases that preceded a regression here made of it (`replay_in_context`)."""
+
+    after: list[str]  # what ran before it in the replay, in this process's order
+    child: CaseRecord | str  # its record there, or why there is none
+    elapsed_s: float  # the replay's seconds (shared by the cases one replay confirms)
+    bound_s: float = 0.0  # the replay's bound of measurement
+
+    @property
+    def reproduced(self) -> bool:
+        return isinstance(self.child, CaseRecord) and self.child.verdict is Status.REGRESSED
+
+    def said(self) -> str:
+        """A note's words on a replay that did not repeat the regression."""
+        if isinstance(self.child, str):
+            return f"not replayed after the cases that preceded it here: {self.child}"
+        if _unmeasured(self.child):
+            return (
+                f"not replayed after {_cases(self.after)}: the replay's bound of {self.bound_s:.0f} s of measurement "
+                "was spent before this case"
+            )
+        return f"{self.child.verdict} also in a fresh one that first ran {_cases(self.after)}, as this process did"
+
+    def kept(self, info: Confirmed | None) -> Confirmed:
+        """What the record keeps of a confirmation that the replay made: the replay's reading."""
+        spent = round((info.elapsed_s if info is not None else 0.0) + self.elapsed_s, 1)
+        return replace(_kept(self.child, spent), batch=info.batch if info is not None else None)
+
+    def added_to(self, info: Confirmed | None) -> Confirmed | None:
+        """The fresh process's reading kept, with the replay's seconds: the case's own time leaves both out."""
+        return None if info is None else replace(info, elapsed_s=round(info.elapsed_s + self.elapsed_s, 1))
+
+
+def _cases(ids: Sequence[str]) -> str:
+    """Items named in a note: a few by name; of many, the first two, the last and the count."""
+    if len(ids) <= 3:
+        return ", ".join(ids)
+    return f"{ids[0]}, {ids[1]} ... {ids[-1]} ({len(ids)} cases)"
+
+
+def _unrepeated(child: CaseRecord | str) -> bool:
+    """The fresh process measured the case and did not read it regressed."""
+    return isinstance(child, CaseRecord) and child.verdict is not Status.REGRESSED and not _unmeasured(child)
+
+
+@contextmanager
+def _aside(config: pytest.Config) -> Iterator[None]:
+    order = config.stash.get(RUN_ORDER, None)
+    with order.aside() if order is not None else nullcontext():
+        yield
+
+
+def _in_context(run: CaseRun, child: CaseRecord | str) -> Context | None:
+    """A single confirmation's regression that its fresh process did not repeat, replayed after the cases
+    that preceded it here; None when it was repeated (or not measured), or nothing ran before it."""
+    order = run.item.config.stash.get(RUN_ORDER, None)
+    if order is None or not _unrepeated(child):
+        return None
+    with run.clock.paused(), order.aside():
+        got = replay_in_context(run.item.config, order, {run.item.nodeid: run.timing_s}, run.state.settings)
+    return got.get(run.item.nodeid)
+
+
+def replay_in_context(
+    config: pytest.Config, order: RunOrder, timings: Mapping[str, float], settings: Settings
+) -> dict[str, Context]:
+    """These regressions (their ids, and what measuring each took here) run again in one fresh process,
+    each after the items that preceded it in this process, in its order (`RunOrder.plan`): only their
+    records are read, the context items' verdicts are the original run's. One without a window (it ran
+    first) has no entry. The replay measures for at most twice what its items took here, plus one case's
+    budget, as a batch does."""
+    ids, took, cases = order.plan(list(timings))
+    out: dict[str, Context] = {}
+    for nodeid in timings:
+        if nodeid not in cases and order.window(nodeid) is not None:
+            why = f"the replays of one batch run at most {CONTEXT_BATCH_S:.0f} s of this process's cases"
+            out[nodeid] = Context([], f"{why}, spent on the regressions before it", 0.0)
+    if not cases:
+        return out
+    bound = BATCH_TIME_FACTOR * (took + math.fsum(timings[c] for c in cases)) + settings.case_budget
+    timeout = 2 * settings.case_timeout * len(ids) + bound + 120 if settings.case_timeout else None
+    _say(
+        config,
+        f"perfguard: {len(cases)} regression(s) not repeated alone: run again in a fresh process after the "
+        f"{len(ids) - len(cases)} case(s) that preceded them here (at most {bound:.0f} s of measurement)",
+    )
+    t0 = time.monotonic()
+    got = start_fresh_cases(config, ids, settings, timeout, total_budget=bound, alone=True, judged=cases).result()
+    spent = round(time.monotonic() - t0, 1)
+    for nodeid in cases:
+        child = got if isinstance(got, str) else got.get(nodeid, "the replay did not run this case")
+        out[nodeid] = Context(ids[: ids.index(nodeid)], child, spent, bound)
+    return out
+
+
 # ------------------------------------------------------------------------------------------ the batch
 
 
@@ -496,6 +723,9 @@ class Batch:
         batch = cls(config, state)
         config.stash[BATCH] = batch
         config.pluginmanager.register(batch, "perfguard-batch")
+        # The order of this process's items, which a regression not repeated alone is replayed after.
+        config.stash[RUN_ORDER] = order = RunOrder()
+        config.pluginmanager.register(order, "perfguard-run-order")
 
     def take(self, run: CaseRun, verdict: Verdict) -> bool:
         """Hold this regression for the batch: True when its item runs under this protocol."""
@@ -584,10 +814,18 @@ class Batch:
         got = start_fresh_cases(self.config, ids, s, timeout, total_budget=bound, alone=True).result()
         spent = round(time.monotonic() - t0, 1)
         where = f"one batch of {n} past the {cap} single confirmations"
+        children = {
+            case_id: got if isinstance(got, str) else got.get(case_id, "the fresh process did not run this case")
+            for case_id in ids
+        }
+        # The regressions it did not repeat, replayed after what preceded each here: one more process.
+        order = self.config.stash.get(RUN_ORDER, None)
+        unrepeated = {w.run.item.nodeid: w.run.timing_s for w in waiting if _unrepeated(children[w.run.item.nodeid])}
+        contexts = replay_in_context(self.config, order, unrepeated, s) if order is not None and unrepeated else {}
         answers: dict[str, Confirmation] = {}
         for w in waiting:
             case_id = w.run.item.nodeid
-            child = got if isinstance(got, str) else got.get(case_id, "the fresh process did not run this case")
+            child = children[case_id]
             info = replace(_kept(child, spent), batch=n)
             if isinstance(child, CaseRecord) and _unmeasured(child):
                 text = (
@@ -597,7 +835,8 @@ class Batch:
                 )
                 answers[case_id] = _noted(w.verdict, Status.REGRESSED, info, text)
             else:
-                answers[case_id] = settle(w.run, w.verdict, Status.REGRESSED, child, info, batch=where)
+                context = contexts.get(case_id)
+                answers[case_id] = settle(w.run, w.verdict, Status.REGRESSED, child, info, batch=where, context=context)
         return answers
 
     def _conclude(self, w: _Waiting, confirmation: Confirmation, *, log: bool = True) -> None:

@@ -26,7 +26,7 @@ from ..judge.baseline import BaselineEntry
 from ..judge.verdict import Verdict, case_mde
 from ..locks import device_lock
 from ..marker import PerfCase, Variant, unmet_requirement
-from ..measure import integrity
+from ..measure import integrity, torchstate
 from ..measure.correctness import CorrectnessReport, Inputs, check
 from ..measure.device import incomparable, lock_name, manual_seed
 from ..measure.timing import Progress
@@ -204,6 +204,7 @@ class Runner:
         """Requirements, inputs, the correctness gate; then, under --perfguard, the timed steps."""
         s = self.state.settings
         variant = case.variants[variant_name]
+        guard = self._torch_guard(record)
         self._stage = "requirements"
         if not self._runnable(record, variant):
             return
@@ -220,7 +221,8 @@ class Runner:
         self._stage = "correctness check"
         checks = IntegrityChecks(s, self.state.kind, self._lock, engine_bindings)
         probe = checks.probe(variant) if s.enabled else None
-        report = self._correctness(record, case, variant, make_inputs, seeds, first, probe)
+        with guard.phase("the correctness calls"):
+            report = self._correctness(record, case, variant, make_inputs, seeds, first, probe)
         if not report.passed:
             return
         if not s.enabled:
@@ -233,7 +235,7 @@ class Runner:
                 self._fail(record, record.reasons[0])
             return
         trial = Trial(case, variant_name, variant, params, make_inputs, seeds, first, report.oracles)
-        self._timed_steps(record, trial, report, checks, probe)
+        self._timed_steps(record, trial, report, checks, probe, guard)
 
     def _timed_steps(
         self,
@@ -242,6 +244,7 @@ class Runner:
         report: CorrectnessReport,
         checks: IntegrityChecks,
         probe: integrity.ProfiledCall | None,
+        guard: torchstate.Guard,
     ) -> None:
         """Pair with the base revision, check, time and judge, check again, confirm: the case's verdict."""
         s = self.state.settings
@@ -251,7 +254,7 @@ class Runner:
             self._stage = "pairing with the base revision"
             twin = step.pair(trial, record, self._base_unmet)
         self._stage = "integrity checks"
-        flag = checks.before_timing(trial, report, probe)
+        flag = guard.message() or checks.before_timing(trial, report, probe)
         if flag:
             checks.record_spent(record)
             self._flag(record, flag, [])
@@ -259,17 +262,38 @@ class Runner:
         self._stage = "timing"
         timer = timer_for(s.device, trial.case.clock)
         t0 = time.monotonic()
-        m, verdict = step.measure_and_judge(trial, record, twin, timer)
+        with guard.phase("the timed calls"):
+            m, verdict = step.measure_and_judge(trial, record, twin, timer)
         self.timing_s = time.monotonic() - t0
         self.state.timing_spent_s += self.timing_s
+        if step.host_s:
+            checks.spent["eager call"] = step.host_s
         step.record_timing(record, trial, m)
         self._stage = "integrity checks"
-        flag = checks.after_timing(trial, record, m, timer)
+        with guard.phase("the integrity checks' calls"):
+            flag = guard.message() or checks.after_timing(trial, record, m, timer)
+        flag = flag or guard.message() or verdict.flag
+        record.reference_move = verdict.reference_move
         checks.record_spent(record)
         if flag:
             self._flag(record, flag, verdict.notes)
             return
         self._confirm_and_conclude(record, trial, verdict, step.stored())
+
+    def _torch_guard(self, record: CaseRecord) -> torchstate.Guard:
+        """The guard of torch's process-wide switches for this case: what changed since the session started,
+        outside any case (an import, a fixture), is put back now and said in the case's notes."""
+        device = torch.device(self.state.settings.device) if self.state.kind == "cuda" else None
+        start = self.state.torch_state if self.state.torch_state is not None else torchstate.snapshot(device)
+        guard = torchstate.Guard(start, device)
+        outside = guard.outside()
+        if outside:
+            record.notes.append(
+                "torch's global state had changed since the session started, outside any case (at an import or "
+                f"in a fixture): {'; '.join(outside)}; put back before this case, whose reference is timed in "
+                "the session's state"
+            )
+        return guard
 
     def _flag(self, record: CaseRecord, message: str, notes: list[str]) -> None:
         """A timing the guard cannot believe fails the case: never inconclusive, never faster, never a baseline."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -22,25 +23,31 @@ from ..jsonio import JSONFileError
 from ..judge import baseline as bl
 from ..judge.policy import (
     MACHINE_MOVED_SHARE,
+    MDE_MARGINS,
     NOISE_K,
     WIDE_INTERVAL,
     WIDE_MARGIN,
+    allowance,
+    decision,
     discord_limit,
     discordant,
     log_spread,
     medians_threshold,
+    outlier_process,
     prior_spread,
     too_wide,
+    verifiable_limit,
 )
 from ..judge.policy import NOISE_FLOOR as NOISE_FLOOR  # re-exported: the floors live with every other rule
 from ..judge.policy import RATIO_NOISE_FLOOR as RATIO_NOISE_FLOOR
 from ..judge.verdict import MACHINE_MOVED, UNCHECKED_FASTER, Policy
 from ..measure.visible import cpu_model, cuda_gpus, device_index
-from ..record import CaseRecord, Outcome, Status
+from ..record import CaseRecord, Gate, Outcome, Status
 from ..settings import Settings, shown
 
 if TYPE_CHECKING:
     from ..measure.timing import Progress
+    from ..measure.torchstate import Snapshot
     from .ab import BaseTree
 
 
@@ -63,6 +70,7 @@ class SessionState:
     family_size: int = 1
     records: list[CaseRecord] = field(default_factory=list)
     timing_spent_s: float = 0.0
+    deciding_spent_s: float = 0.0  # seconds spent measuring undecided cases again (timed._decide_more)
     poisoned_by: str | None = None
     confirmations: int = 0
     on_timeout: Callable[[str, pytest.Item], None] | None = None  # set by the plugin: flush results before the exit
@@ -80,6 +88,9 @@ class SessionState:
     # set by the plugin in an xdist controller whose workers time on several GPUs: the devices an update's
     # further processes spread over, one fresh process on each at a time (xdist.update_devices)
     fresh_devices: list[str] = field(default_factory=list)
+    # torch's process-wide switches as the session started (measure/torchstate.py): every case is timed in
+    # this state; taken at configure time, before any test module is imported
+    torch_state: Snapshot | None = None
     _prior: tuple[int, tuple[float, float]] | None = field(default=None, repr=False)  # cache of `prior`
 
     @property
@@ -140,6 +151,10 @@ def make_state(settings: Settings, rootdir: Path | None = None, *, runs_cases: b
     state = SessionState(settings=settings)
     if runs_cases:
         state.device_info  # noqa: B018 (read now: a case's timing must not pay for it)
+        if settings.enabled:  # before any test module is imported: the state every case is timed in
+            from ..measure import torchstate
+
+            state.torch_state = torchstate.snapshot()
     if rootdir is not None:
         state.rootdir = rootdir
     return state
@@ -181,6 +196,8 @@ def sample_of(r: CaseRecord, device: str = "") -> bl.ProcessSample:
         device=device,
         date=str(r.updated or date.today().isoformat()),
         blocks=int(r.blocks or 0),
+        host_ns=r.host_ns,
+        host_ratio=r.host_ratio,
         aa_ratio=aa[0] if aa is not None else None,
         aa_ci=aa[1] if aa is not None else None,
     )
@@ -245,6 +262,7 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
             _update(state, timed, collected_ids, out)
     elif s.enabled and timed:
         _compared(state, timed, out)
+        _decided(state, timed, out)
         if state.baseline is not None and state.baseline.exists and collected_ids is not None:
             stale = bl.stale_entries(state.baseline, collected_ids)
             if stale:
@@ -306,12 +324,21 @@ def _compared(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> 
     if not_compared:
         line += "; not compared: " + ", ".join(f"{n} {why}" for why, n in sorted(not_compared.items()))
     out.messages.append(line)
+    alone = [] if s.against else _moved_alone(timed)
+    if alone:
+        out.errors.append(
+            f"perfguard: {len(alone)} case(s) excused by 'the reference moved' while the run's other cases' "
+            "references did not move with it: the reference moved alone, beside these cases, which is no "
+            "machine's doing; flagged: " + "; ".join(alone[:5]) + (" ..." if len(alone) > 5 else "")
+        )
     moved_or_unchecked = _unchecked_faster_line(timed) if s.against else _moved_line(timed)
     for extra in (_thin_line(state, timed), batch_line(timed), moved_or_unchecked):
         if extra:
             out.messages.append(extra)
     if compared or not s.enabled or all(r.verdict in UNJUDGED for r in timed):
         return  # cases that failed on their own are not a missing baseline: their failures say why
+    if set(not_compared) - {"new (no baseline entry)", str(Status.NEW), str(Status.NO_BASE)}:
+        return  # something was stored that could not judge them (not comparable): unverified, _decided says so
     _nothing_compared(state, out)
 
 
@@ -357,6 +384,96 @@ def _thin_line(state: SessionState, timed: list[CaseRecord]) -> str:
         f"spread is unknown, so their threshold falls back to {NOISE_K:g}x the stored noise; record a sample of "
         "several processes with pytest --perfguard-update-baseline"
     )
+
+
+_MARGIN_GATES = ("baseline", "ratio", "ab")
+
+
+def _judged_margin(state: SessionState, r: CaseRecord) -> float:
+    """The margin the case was judged at: its comparing gates' widest threshold (the set margin, widened by
+    the entry's stored spread where that is wider; an update stores no entry widened past twice a quiet one,
+    policy.verifiable_limit), else the set margin."""
+    s = state.settings
+    used = [g.threshold - 1.0 for g in r.gates if g.name in _MARGIN_GATES and g.threshold is not None]
+    if used:
+        return max(used)
+    return s.ab_margin_for(r.median_ns or 0.0) if s.against else s.margin
+
+
+def _why_unverified(r: CaseRecord, margin: float) -> str:
+    """One short reason a case ended unverified."""
+    if r.verdict not in (Status.INCONCLUSIVE, Status.NOT_COMPARABLE, Status.NO_BASE) and r.mde is not None:
+        return (
+            f"its pass could hide a slowdown of {r.mde:+.1%} (its minimum detectable effect), more than "
+            f"{MDE_MARGINS:g}x the {margin:.1%} margin it was judged at"
+        )
+    if r.disturbances:
+        return "disturbed while timed: " + r.disturbances[0]
+    reason = next((x for x in r.reasons if x), str(r.verdict))
+    return reason if len(reason) <= 220 else reason[:217] + "..."
+
+
+def _decided(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> None:
+    """Each timed case's decision (policy.decision), the counts, and the unverified cases named: under CI
+    more of them than --perfguard-allow-unverified fail the run; elsewhere they are a warning. A green run
+    means "measured, and no regression"; a case the guard could not decide is not green."""
+    for r in timed:
+        r.decision = decision(
+            str(r.verdict) if r.verdict is not None else None,
+            r.outcome is Outcome.FAILED,
+            r.timed,
+            r.mde,
+            _judged_margin(state, r),
+        )
+    s = state.settings
+    counts = Counter(r.decision for r in timed)
+    line = (
+        f"perfguard: {len(timed)} timed case(s): {counts['pass']} pass, {counts['fail']} fail, "
+        f"{counts['unverified']} unverified"
+    )
+    if counts["new"]:
+        line += f", {counts['new']} new (nothing stored to compare with)"
+    out.messages.append(line)
+    unverified = [r for r in timed if r.decision == "unverified"]
+    if not unverified:
+        return
+    allowed = allowance(s.allow_unverified, len(timed))
+    shown_ids = "\n".join(f"  {r.id}: {_why_unverified(r, _judged_margin(state, r))}" for r in unverified[:20]) + (
+        f"\n  ... and {len(unverified) - 20} more" if len(unverified) > 20 else ""
+    )
+    advice = (
+        "measure on a quiet machine; record the baseline on this runner (pytest --perfguard-update-baseline); "
+        "or compare head and base in one process, which cancels the machine (--perfguard-against origin/main)"
+    )
+    text = f"perfguard: {len(unverified)} case(s) unverified: the guard could not rule out a regression:\n{shown_ids}"
+    if under_ci() and len(unverified) > allowed:
+        out.errors.append(
+            f"{text}\nUnder CI an unverified case is not a pass: this fails the run ({allowed} allowed by "
+            f"--perfguard-allow-unverified={s.allow_unverified}). To fix: {advice}"
+        )
+    else:
+        where = f"within the {allowed} allowed" if under_ci() else "a warning here; under CI they fail the run"
+        out.messages.append(f"{text}\n({where}.) To decide them: {advice}")
+
+
+def _moved_alone(timed: list[CaseRecord]) -> list[str]:
+    """The cases whose time gate the machine was said to excuse (verdict._machine_moved) although the other
+    cases' references did not move with theirs: the median move of the others, in the same direction, is
+    under a quarter of the case's own. A machine that moved moves every case's reference; a reference that
+    moved beside one case only was moved by that case. Each as 'id (reference +x%, the others' median +y%)'."""
+    out = []
+    for r in timed:
+        g = r.gate("baseline")
+        if g is None or MACHINE_MOVED not in g.reason or r.reference_move is None:
+            continue
+        others = sorted(x.reference_move for x in timed if x is not r and x.reference_move is not None)
+        if len(others) < 2:
+            continue  # too few cases to tell a machine from a case
+        median = others[len(others) // 2]
+        own = r.reference_move
+        if own * median <= 0 or abs(median) < abs(own) / 4:
+            out.append(f"{r.id} (reference {math.expm1(own):+.1%}, the others' median {math.expm1(median):+.1%})")
+    return out
 
 
 def _moved_line(timed: list[CaseRecord]) -> str:
@@ -485,12 +602,17 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
     sampled = _process_samples(state, good, out)
     if sampled is None:
         return
-    samples, unstable = sampled
+    samples, unverifiable = sampled
     entries = {
-        r.id: entry_of(r, state.noise_floor, samples[r.id], unstable=r.id in unstable)
+        r.id: entry_of(r, state.noise_floor, samples[r.id])
         for r in good
-        if samples.get(r.id)
+        if samples.get(r.id) and r.id not in unverifiable
     }
+    if unverifiable:
+        out.messages.append(_unverifiable_line(unverifiable))
+    if not entries and (unverifiable or bad):
+        out.errors.append(_nothing_stored(len(timed), len(unverifiable), len(bad), len(held)))
+        return
     try:
         summary = bl.update_baseline(
             path,
@@ -509,7 +631,7 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
         f"(this update's processes joined the stored ones), {len(summary.reset)} reset (workload, environment or "
         f"time changed by more than the case's threshold, at least the {s.margin:.0%} margin: a new kernel, "
         f"whose spread is measured afresh), {summary.kept} kept; each case measured in {processes} process(es)"
-        + (f"; {len(unstable)} unstable (see above)" if unstable else "")
+        + (f"; {len(unverifiable)} unverifiable, not stored (see above)" if unverifiable else "")
     )
     _say_wide_entries(state, path, [r.id for r in good], out)
     _say_ab_offset(path, out)
@@ -524,6 +646,20 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
         )
     if collected_ids is not None:
         _prune_or_report_stale(state, path, collected_ids, out)
+
+
+def _nothing_stored(timed: int, unverifiable: int, bad: int, held: int) -> str:
+    """Why an update that timed cases stored none of them: an update that records nothing must not pass."""
+    why = (
+        f"{unverifiable} unverifiable: their processes disagreed" if unverifiable else "",
+        f"{bad} failed or disturbed" if bad else "",
+        f"{held} held at the stored time" if held else "",
+    )
+    return (
+        f"perfguard: no baseline entry written: none of the {timed} timed case(s) could be stored ("
+        + ", ".join(part for part in why if part)
+        + "). An update that records nothing must not pass: record them on a quiet machine"
+    )
 
 
 def _usable(r: CaseRecord | None) -> bool:
@@ -563,20 +699,21 @@ def _aa_settings(state: SessionState) -> tuple[Settings | None, str]:
 
 def _process_samples(
     state: SessionState, good: list[CaseRecord], out: RunSummary
-) -> tuple[dict[str, list[bl.ProcessSample]], set[str]] | None:
+) -> tuple[dict[str, list[bl.ProcessSample]], dict[str, str]] | None:
     """Every recordable case measured in ``update_processes`` processes: this one, then fresh ones, in
     reverse and forward order by turns, so that a slow first process or a drifting machine cannot bias one
-    case. A case whose process medians disagree beyond its own spread (policy.discordant) is measured once
-    more, all such cases together in one fresh process; the new median replaces the discordant ones when
-    it agrees with the rest; otherwise the case keeps every median, and is stored as unstable only where
-    their spread makes its threshold too wide to judge by (policy.too_wide). Returns the samples per case
-    and the unstable ids; None (with an error) when a process could not be run at all."""
+    case. One process whose median sits apart from the others (policy.outlier_process) is dropped and
+    replaced by a make-up process. A case whose processes still disagree (policy.discordant), or whose
+    spread is too wide to judge a regression of the margin by (policy.too_wide), is measured once more, all
+    such cases together in one fresh process; then it keeps every process but one outlier, and is stored only
+    where a gate can still judge it. Returns the samples per case and the unverifiable cases (each with why);
+    None (with an error) when a process could not be run at all."""
     s = state.settings
     dev = device_id(state)
     samples = {r.id: [sample_of(r, dev)] for r in good}
     widths = {r.id: [r.ci_rel or 0.0] for r in good}
     if not good or s.update_processes <= 1 or state.fresh_cases is None:
-        return samples, set()
+        return samples, {}
     ids = [r.id for r in good]
     fresh = _FreshProcesses(state, out, *_aa_settings(state), weights={r.id: r.elapsed_s or 1.0 for r in good})
     missing = _further_processes(fresh, ids, samples, widths, dev)
@@ -584,17 +721,25 @@ def _process_samples(
         missing = _make_up(fresh, missing, samples, widths, dev)
     if missing is None:
         return None
-    limits = {case_id: discord_limit(s.margin, state.noise_floor, widths[case_id]) for case_id in ids}
-    odd = {
-        case_id: bad for case_id in ids if (bad := discordant([x.median_ns for x in samples[case_id]], limits[case_id]))
-    }
-    agreed = [samples[c] for c in ids if c not in odd]
+    # The median in-run width, not the widest: a poisoned process's own wide interval must not widen the
+    # limit that is to find it.
+    limits = {c: discord_limit(s.margin, state.noise_floor, [statistics.median(widths[c])]) for c in ids}
+    dropped = _drop_outliers(samples, limits)
+    if dropped and _replace_outliers(fresh, dropped, samples, widths, dev) is None:
+        return None
+    agreed = [samples[c] for c in ids if not discordant(_times(samples[c]), limits[c])]
     prior = (
-        prior_spread([log_spread([x.median_ns for x in got]) for got in agreed]),
+        prior_spread([log_spread(_times(got)) for got in agreed]),
         prior_spread([log_spread(ratios) for got in agreed if (ratios := _ratios(got))]),
     )
-    unstable = _remeasure_discordant(fresh, odd, samples, limits, dev, prior) if odd else set()
-    if unstable is None:
+    floors = (state.noise_floor, RATIO_NOISE_FLOOR[state.kind])
+    odd = [
+        c
+        for c in ids
+        if discordant(_times(samples[c]), limits[c]) or not _verifiable(samples[c], s.margin, floors, prior)
+    ]
+    unverifiable = _remeasure_discordant(fresh, odd, dropped, samples, limits, dev, prior) if odd else {}
+    if unverifiable is None:
         return None
     if missing:
         out.messages.append(
@@ -606,7 +751,47 @@ def _process_samples(
             f"perfguard: no A/A readings for the A/B gate's per-process offset in this update: {fresh.no_aa}. A/B "
             "runs count what earlier readings in the baseline file fit, else the built-in H100 value"
         )
-    return samples, unstable
+    return samples, unverifiable
+
+
+def _times(got: list[bl.ProcessSample]) -> list[float]:
+    return [x.median_ns for x in got]
+
+
+def _drop_outliers(samples: dict[str, list[bl.ProcessSample]], limits: dict[str, float]) -> dict[str, bl.ProcessSample]:
+    """Each case's one process whose median sits apart from the others (policy.outlier_process), taken out
+    of its samples: the dropped sample per case."""
+    dropped = {}
+    for case_id, got in samples.items():
+        one = outlier_process(_times(got), limits[case_id])
+        if one is not None:
+            dropped[case_id] = got.pop(one)
+    return dropped
+
+
+def _replace_outliers(
+    fresh: _FreshProcesses,
+    dropped: dict[str, bl.ProcessSample],
+    samples: dict[str, list[bl.ProcessSample]],
+    widths: dict[str, list[float]],
+    dev: str,
+) -> bool | None:
+    """The cases that lost an outlier process, measured in one make-up process, so that they keep as many
+    processes as the others; says which and how far off each was. None when the process failed."""
+    order = [case_id for case_id in samples if case_id in dropped]
+    got = fresh.run(order, "make-up process for the cases whose process read apart from the others")
+    if got is None:
+        return None
+    _add_samples(got, order, samples, widths, dev)
+    apart = [
+        f"{case_id} ({dropped[case_id].median_ns / statistics.median(_times(samples[case_id])):.2f}x the others)"
+        for case_id in order
+    ]
+    fresh.out.messages.append(
+        f"perfguard: {len(order)} case(s) had one process median apart from the others: it was dropped and "
+        f"measured again in a make-up process: {', '.join(apart[:5])}{' ...' if len(apart) > 5 else ''}"
+    )
+    return True
 
 
 @dataclass
@@ -737,39 +922,43 @@ def _make_up(
 
 def _remeasure_discordant(
     fresh: _FreshProcesses,
-    odd: dict[str, list[int]],
+    odd: list[str],
+    dropped: dict[str, bl.ProcessSample],
     samples: dict[str, list[bl.ProcessSample]],
     limits: dict[str, float],
     dev: str,
     prior: tuple[float, float],
-) -> set[str] | None:
-    """The cases whose process medians disagreed (``odd``: the discordant samples' indices), measured once
-    more in one fresh process: a new median that agrees with the rest replaces the discordant ones, else the
-    case keeps them all and the new one, which widen its thresholds; it is unstable where both its time and
-    its ratio threshold are too wide to judge by (_too_wide). The unstable ids; None when the process
-    failed."""
-    got = fresh.run(list(odd), "re-measurement of the cases whose processes disagreed")
+) -> dict[str, str] | None:
+    """The cases whose processes disagreed (``odd``), measured once more in one fresh process. Each then has
+    every process it was measured in (an outlier dropped before comes back: its make-up disagreed too), less
+    the one outlier among them, if one is; it is unverifiable, and not stored, where no gate could judge a
+    regression of the margin by the spread of those (_verifiable). The unverifiable cases, each with why;
+    None when the process failed."""
+    got = fresh.run(odd, "re-measurement of the cases whose processes disagreed")
     if got is None:
         return None
-    settings, floor = fresh.state.settings, fresh.state.noise_floor
-    unstable: set[str] = set()
-    widened: list[float] = []
-    for case_id, bad in odd.items():
+    margin, floors = fresh.state.settings.margin, (fresh.state.noise_floor, RATIO_NOISE_FLOOR[fresh.state.kind])
+    unverifiable: dict[str, str] = {}
+    agreed = 0
+    for case_id in odd:
+        every = [*samples[case_id], *([dropped[case_id]] if case_id in dropped else [])]
         rec = got.get(case_id)
-        kept = [x for i, x in enumerate(samples[case_id]) if i not in bad]
         if rec is not None and _usable(rec):
-            again = [*kept, sample_of(rec, dev)]
-            if len(again) >= 2 and not discordant([x.median_ns for x in again], limits[case_id]):
-                samples[case_id] = again
-                continue
-            samples[case_id].append(sample_of(rec, dev))
-        threshold = _too_wide(samples[case_id], settings.margin, (floor, RATIO_NOISE_FLOOR[fresh.state.kind]), prior)
-        if threshold is None:
-            unstable.add(case_id)
-        else:
-            widened.append(threshold)
-    fresh.out.messages.append(_discord_line(len(odd), widened, unstable))
-    return unstable
+            every.append(sample_of(rec, dev))
+        one = outlier_process(_times(every), limits[case_id])
+        kept = [x for i, x in enumerate(every) if i != one]
+        if not _verifiable(kept, margin, floors, prior):
+            unverifiable[case_id] = _unverifiable_why(kept, margin, floors, prior)
+            continue
+        samples[case_id] = kept
+        agreed += not discordant(_times(kept), limits[case_id])
+    fresh.out.messages.append(
+        f"perfguard: {len(odd)} case(s) had processes that disagreed, or a spread too wide to judge by; measured "
+        f"once more, {agreed} agreed (an odd process dropped), {len(odd) - agreed - len(unverifiable)} kept "
+        f"their processes and the spread they show (their margins are below), and {len(unverifiable)} stayed "
+        "unverifiable"
+    )
+    return unverifiable
 
 
 def _ratios(got: list[bl.ProcessSample]) -> list[float]:
@@ -778,42 +967,47 @@ def _ratios(got: list[bl.ProcessSample]) -> list[float]:
     return ratios if len(ratios) == len(got) else []
 
 
-def _too_wide(
+def _gate_thresholds(
     got: list[bl.ProcessSample], margin: float, floors: tuple[float, float], prior: tuple[float, float]
-) -> float | None:
-    """None when neither gate could judge an entry of these processes (policy.too_wide: the time's spread,
-    and the ratio's where there is a reference); else the narrower of the thresholds it will be judged at.
-    The ratio counts apart: on a freshly started H100 (2026-11-26) cuda_wmma's S128 cases read 4.7, 4.7,
-    5.3 and 5.3 us in four processes, SDPA beside them moving alike, and their ratios within 1%."""
-    widths = []
-    times = [x.median_ns for x in got]
-    for values, floor, typical in ((times, floors[0], prior[0]), (_ratios(got), floors[1], prior[1])):
+) -> list[tuple[float, int, float]]:
+    """The threshold each gate would judge an entry of these processes at (the time's, and the ratio's where
+    there is a reference), with its processes and its noise floor. The ratio counts apart: on a freshly
+    started H100 (2026-11-26) cuda_wmma's S128 cases read 4.7, 4.7, 5.3 and 5.3 us in four processes, SDPA
+    beside them moving alike, and their ratios within 1%."""
+    gates = []
+    for values, floor, typical in ((_times(got), floors[0], prior[0]), (_ratios(got), floors[1], prior[1])):
         if values:
-            threshold = medians_threshold(margin, values, floor, typical)
-            if not too_wide(threshold, len(values), margin, floor, typical):
-                widths.append(threshold)
-    return min(widths) if widths else None
+            gates.append((medians_threshold(margin, values, floor, typical), len(values), floor))
+    return gates
 
 
-def _discord_line(remeasured: int, widened: list[float], unstable: set[str]) -> str:
-    """What the re-measurement of the disagreeing cases came to."""
-    fixed = remeasured - len(widened) - len(unstable)
-    wide = (
-        f"{len(widened)} kept every process, their thresholds widened by the spread to "
-        f"{min(widened) * 100:.1f}..{max(widened) * 100:.1f}%"
-        if widened
-        else "0 kept every process"
-    )
+def _verifiable(
+    got: list[bl.ProcessSample], margin: float, floors: tuple[float, float], prior: tuple[float, float]
+) -> bool:
+    """Whether some gate could judge a regression of the margin against an entry of these processes: a case
+    fails on any gate that regressed, so the narrower one is what catches it (policy.too_wide)."""
+    return any(not too_wide(t, k, margin, floor) for t, k, floor in _gate_thresholds(got, margin, floors, prior))
+
+
+def _unverifiable_why(
+    got: list[bl.ProcessSample], margin: float, floors: tuple[float, float], prior: tuple[float, float]
+) -> str:
+    """Why an entry of these processes is not stored, in numbers, and what to do."""
+    times = _times(got)
+    threshold, k, floor = min(_gate_thresholds(got, margin, floors, prior))
+    shown_times = ", ".join(f"{t / 1e3:.3g}" for t in times)
     return (
-        f"perfguard: {remeasured} case(s) had a process median apart from the others; measured once more, "
-        f"{fixed} agreed (the odd process was dropped), {wide}, and {len(unstable)} stayed unstable"
-        + (f": {', '.join(sorted(unstable)[:5])}{' ...' if len(unstable) > 5 else ''}" if unstable else "")
-        + (
-            " (too wide to judge by; stored with unstable: true, and the guard calls them inconclusive until "
-            "they are re-recorded on a quiet machine)"
-            if unstable
-            else ""
-        )
+        f"unverifiable: its processes disagree by {max(times) / min(times) - 1:.0%} ({shown_times} us): the margin "
+        f"used would be {threshold:.1%}, past the {verifiable_limit(margin, k, floor):.1%} that can judge a "
+        f"regression of the {margin:.0%} margin; record it on a quiet machine"
+    )
+
+
+def _unverifiable_line(unverifiable: dict[str, str]) -> str:
+    """The cases an update could not verify, each with why; a stored entry of theirs stays as it was."""
+    listed = "; ".join(f"{case_id}: {why}" for case_id, why in sorted(unverifiable.items())[:5])
+    return f"perfguard: {len(unverifiable)} case(s) not stored (a stored entry of theirs stays as it was): {listed}" + (
+        " ..." if len(unverifiable) > 5 else ""
     )
 
 
@@ -831,35 +1025,40 @@ def _say_ab_offset(path: Path, out: RunSummary) -> None:
 
 
 def _say_wide_entries(state: SessionState, path: Path, ids: list[str], out: RunSummary) -> None:
-    """Say when the stored cases will be judged at a wider margin than the setting (their between-run
-    noise widens it), and warn of those stored with a very wide interval or margin: later verdicts on
-    them are mostly inconclusive or blind, and nothing else would tell the user why."""
+    """The margin the guard will judge the stored cases at, where it is not the setting (their between-run
+    noise widens it), in the guard's own words (report.terminal.margin_lines, from the gates' thresholds as
+    verdict.decide sets them); and a warning of those stored with a very wide interval or margin: later
+    verdicts on them are mostly inconclusive or blind, and nothing else would tell the user why."""
+    from ..report.terminal import margin_lines
+
     try:
-        stored = bl.read_baseline(path).cases
+        written = bl.read_baseline(path)
     except bl.BaselineError:
         return
-    policy, margin = state.policy(), state.settings.margin
-    widened: Counter[float] = Counter()
+    # The guard's policy: its typical spreads are the file's as written now, not as this run read it.
+    policy, margin = replace(state, baseline=written, _prior=None).policy(), state.settings.margin
+    gated: list[CaseRecord] = []
     wide: list[tuple[float, str, float, float]] = []
     for case_id in ids:
-        entry = stored.get(case_id)
+        entry = written.cases.get(case_id)
         if entry is None or entry.median_ns <= 0:
             continue
-        used = policy.baseline_delta(entry)
-        if used > margin + 5e-4:
-            widened[round(used, 3)] += 1
+        used = [policy.baseline_delta(entry)]
+        if entry.ratio is not None:
+            used.append(policy.ratio_baseline_delta(entry))
+        gates = [
+            Gate(name, Status.PASS, threshold=1.0 + t) for name, t in zip(("baseline", "ratio"), used, strict=False)
+        ]
+        gated.append(CaseRecord(id=case_id, gates=gates))
         half = max(entry.median_ns - entry.ci_ns[0], entry.ci_ns[1] - entry.median_ns) / entry.median_ns
-        if half > WIDE_INTERVAL or used > WIDE_MARGIN:
-            wide.append((max(half, used), case_id, half, used))
-    if widened:
-        parts = ", ".join(f"{n} at {m:.1%}" for m, n in sorted(widened.items()))
-        out.messages.append(
-            f"perfguard: the gates will judge {sum(widened.values())} stored case(s) at a wider margin than the "
-            f"{margin:.0%} set, widened by their between-run noise: {parts}"
-        )
+        if half > WIDE_INTERVAL or min(used) > WIDE_MARGIN:
+            wide.append((max(half, min(used)), case_id, half, min(used)))
+    lines = margin_lines(gated, margin, width=10**6)
+    if lines:
+        out.messages.append(f"perfguard: the guard will judge the {len(gated)} stored case(s) at: {lines[0]}")
     if wide:
         wide.sort(reverse=True)
-        listed = ", ".join(f"{case_id} (±{half:.0%}, margin {used:.0%})" for _, case_id, half, used in wide[:5])
+        listed = ", ".join(f"{case_id} (±{half:.0%}, margin used {used:.1%})" for _, case_id, half, used in wide[:5])
         out.messages.append(
             f"perfguard: warning: {len(wide)} case(s) stored with an interval wider than ±{WIDE_INTERVAL:.0%} or a "
             f"margin wider than {WIDE_MARGIN:.0%}: their verdicts will mostly be inconclusive, and only a slowdown "

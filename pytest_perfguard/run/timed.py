@@ -5,28 +5,50 @@ record. What the measurement means is judge/'s; how it is taken is measure/timin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import date
 from typing import Any
 
 import pytest
+import torch
 
 from ..judge import baseline as bl
 from ..judge.policy import case_offset
 from ..judge.stats import relative_half_width
-from ..judge.verdict import UNCHECKED_FASTER, Verdict, ab_gate, ab_progress, decide, unpaired_gate
+from ..judge.verdict import UNCHECKED_FASTER, Verdict, ab_gate, ab_progress, decide, host_gate, unpaired_gate
 from ..measure import integrity
 from ..measure.correctness import check
 from ..measure.cpuwatch import CpuWatch
 from ..measure.device import CUDA_TIMING, Disturbances, incomparable, manual_seed
-from ..measure.timing import Clock, MeasureConfig, Measurement, Progress, Timer, Watch, make_timer, measure, pooled
+from ..measure.timing import (
+    Call,
+    Clock,
+    HostTime,
+    MeasureConfig,
+    Measurement,
+    Progress,
+    Timer,
+    Watch,
+    host_time,
+    make_timer,
+    measure,
+    pooled,
+)
 from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
-from .checks import DeviceLock
+from .checks import DeviceLock, capture_error
 from .cleanup import in_update_process
 from .session import SessionState, device_id
 from .workload import Trial, count, describe_workload, finite, input_bytes, normalize_inputs, tensor_bytes
+
+# An undecided case is measured up to this many more times (blocks pooled), within this many seconds of such
+# measurements per process (_decide_more); a disturbed GPU is waited for up to QUIET_WAIT_S before its case is
+# measured again (_wait_quiet).
+EXTRA_MEASUREMENTS = 2
+DECIDING_BUDGET_S = 120.0
+QUIET_WAIT_S = 30.0
 
 
 def engine_bindings() -> dict[str, tuple[Any, Any]]:
@@ -68,6 +90,8 @@ class TimedStep:
         self.item = item
         self.lock = lock
         self.on_progress = on_progress
+        self.host: HostTime | None = None  # the eager call's timing (_host_time), once measured
+        self.host_s = 0.0  # the seconds it took, counted with the checks' (CaseRecord.checks)
 
     # ------------------------------------------------------------------------- the base revision's twin
 
@@ -144,9 +168,10 @@ class TimedStep:
         against = trial.calls(trial.case.against) if trial.case.against is not None else None
 
         def take(copies: int | None = None) -> Measurement:
+            trial.timed = trial.calls(trial.variant.fn)  # the copies this measurement times, for the checks
             with self.lock(exclusive=True):
                 return measure(
-                    trial.calls(trial.variant.fn),
+                    trial.timed,
                     against,
                     timer,
                     cfg,
@@ -160,10 +185,13 @@ class TimedStep:
         m = take()
         if isinstance(watch, CpuWatch) and watch.unwatched:
             record.notes.append(watch.unwatched)
-        record.env = self._env(trial)
+        record.env = self._env(trial, m.mode)
+        self.host = self._host_time(trial, m, against)
         verdict = self._judge(trial, record, m, twin)
         disturbed = list(m.notes)
         if disturbed or (verdict.needs_remeasure and not self.state.settings.update):
+            if disturbed:
+                self._wait_quiet(watch, record)
             m2 = take(copies=m.reps)
             if disturbed and not m2.notes:
                 # The disturbance passed: the clean blocks alone are judged (and stored by an update).
@@ -172,6 +200,7 @@ class TimedStep:
                 m, note = pooled(m, m2, cfg.confidence), "re-measured once in a fresh order (blocks pooled)"
             verdict = self._judge(trial, record, m, twin)
             verdict.notes.append(note)
+        m, verdict = self._decide_more(trial, record, twin, m, verdict, take, cfg.confidence)
         if verdict.disturbances:
             off = " (where the load is by design, --perfguard-no-cpu-watch)" if isinstance(watch, CpuWatch) else ""
             verdict.notes.append(
@@ -179,6 +208,63 @@ class TimedStep:
                 f"never a failure, and never stored as a baseline; time it on a quiet machine{off}"
             )
         return m, verdict
+
+    def _wait_quiet(self, watch: Watch | None, record: CaseRecord) -> None:
+        """Before a disturbed case is measured again: wait (up to QUIET_WAIT_S) for the GPU's other work to
+        end, and say in the case's notes what was waited for and how long."""
+        if not isinstance(watch, Disturbances):
+            return
+        quiet, waited, seen = watch.wait_quiet(QUIET_WAIT_S)
+        if seen or waited >= 1.5:
+            state = "it ended" if quiet else "it had not ended"
+            record.notes.append(f"waited {waited:.1f} s for the disturbance to end ({seen or 'none seen'}): {state}")
+
+    def _decide_more(
+        self,
+        trial: Trial,
+        record: CaseRecord,
+        twin: Twin | None,
+        m: Measurement,
+        verdict: Verdict,
+        take: Callable[..., Measurement],
+        confidence: float,
+    ) -> tuple[Measurement, Verdict]:
+        """A verdict still undecided after the re-measurement, where more blocks can decide it (a gate whose
+        interval straddles its margin, not an entry that cannot judge or a disturbed machine): measured up to
+        EXTRA_MEASUREMENTS more times, blocks pooled, within the process's DECIDING_BUDGET_S. Only then is it
+        unverified (policy.decision)."""
+        s = self.state.settings
+        extra = 0
+        while (
+            not s.update
+            and not verdict.disturbances
+            and extra < EXTRA_MEASUREMENTS
+            and self.state.deciding_spent_s < DECIDING_BUDGET_S
+            and any(g.status is Status.INCONCLUSIVE and "straddles" in g.reason for g in verdict.deciding_gates())
+        ):
+            t0 = time.monotonic()
+            m = pooled(m, take(copies=m.reps), confidence)
+            verdict = self._judge(trial, record, m, twin)
+            extra += 1
+            verdict.notes.append(f"undecided: measured {extra} more time(s) to decide it (blocks pooled)")
+            self.state.deciding_spent_s += time.monotonic() - t0
+        return m, verdict
+
+    def _host_time(self, trial: Trial, m: Measurement, against: Callable[[int], Call] | None) -> HostTime | None:
+        """The eager call as a user makes it, beside the reference's (GPU only: on CPU the timed figure is
+        the host's time already), on the measurement's input copies."""
+        if self.state.kind != "cuda" or trial.timed is None:
+            return None
+        count = max(1, m.reps * max(1, len(m.members)))
+        sides = {"v": [trial.timed(i) for i in range(count)]}
+        if against is not None:
+            sides["a"] = [against(i) for i in range(count)]
+        device = torch.device(self.state.settings.device)
+        with self.lock(exclusive=True):
+            t0 = time.monotonic()
+            host = host_time(sides, lambda: torch.cuda.synchronize(device), per_call_ns=m.time.estimate)
+            self.host_s = time.monotonic() - t0
+            return host
 
     def _watch(self, trial: Trial) -> Watch | None:
         """What watches the machine while the case is timed: NVML on a GPU; on CPU the host's load, unless
@@ -209,6 +295,19 @@ class TimedStep:
             disturbances=m.notes,
             device=device_id(self.state),
         )
+        host = self.host
+        entry_gate = verdict.gates[0] if verdict.gates else None
+        if (
+            host is not None
+            and host.against_blocks is not None
+            and stored is not None
+            and not s.update
+            and entry_gate is not None
+            and entry_gate.status not in (Status.NOT_COMPARABLE, Status.NO_BASELINE)
+        ):
+            gate = host_gate(host.variant_blocks, host.against_blocks, stored, self.state.policy())
+            if gate is not None:
+                verdict.gates.append(gate)
         if twin is not None:
             policy = self.state.policy()
             ratios = m.ab_ratios()
@@ -234,11 +333,12 @@ class TimedStep:
         readings = stored.aa_readings
         return case_offset(pooled, readings), pooled, f"from its {len(readings)} stored A/A reading(s)"
 
-    def _env(self, trial: Trial) -> dict[str, str]:
+    def _env(self, trial: Trial, mode: str) -> dict[str, str]:
         info = self.state.device_info
         env = {k: str(info.get(k)) for k in ("name", "capability", "torch", "triton", "cuda")}
         if info.get("kind") == "cuda":
             env["timing"] = CUDA_TIMING
+            env["mode"] = mode  # graph or stream: part of the workload (device.COMPARED_KEYS)
         case, (args, kwargs) = trial.case, trial.first
         if case.against_backend is not None:
             try:
@@ -261,6 +361,18 @@ class TimedStep:
         record.against = case.against_name if case.against is not None else None
         record.blocks, record.reps, record.samples_per_block = m.blocks, m.reps, m.samples_per_block
         record.mode, record.stop_reason = m.mode, m.stop_reason
+        record.capture_error = capture_error(m)
+        if record.capture_error and m.mode == "cuda-stream":
+            record.notes.append(
+                "timed without a CUDA graph: the variant's calls could not be captured "
+                f"({record.capture_error[:200]}), so its timed calls were launched from Python, host code and "
+                "all; a stored figure taken by graph replay is not comparable"
+            )
+        host = self.host
+        if host is not None:
+            record.host_ns, record.host_ci = host.time.estimate, (host.time.lo, host.time.hi)
+            if (r := host.ratio) is not None:
+                record.host_ratio, record.host_ratio_ci = r.estimate, (r.lo, r.hi)
         record.elapsed_s, record.wall_ratio = round(m.elapsed_s, 4), round(m.wall_ratio, 3)
         record.flops = flops
         record.tflops = (flops / (m.time.estimate * 1e-9) / 1e12) if flops else None

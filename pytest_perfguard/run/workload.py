@@ -95,6 +95,25 @@ def finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+class CopyCalls:
+    """Makes the call of one function on input copy i, and keeps every copy it made (`inputs`)."""
+
+    def __init__(
+        self, fn: Callable[..., Any], first: Inputs, make_inputs: Callable[[int], Inputs], base_seed: int
+    ) -> None:
+        self.fn = fn
+        self.inputs: dict[int, Inputs] = {0: first}
+        self._make_inputs = make_inputs
+        self._base_seed = base_seed
+
+    def __call__(self, i: int) -> Call:
+        if i not in self.inputs:
+            self.inputs[i] = self._make_inputs(self._base_seed + i)
+        args, kwargs = self.inputs[i]
+        fn = self.fn
+        return lambda: fn(*args, **kwargs)
+
+
 @dataclass
 class Trial:
     """What the measure step works on: the case, its variant and a source of input copies."""
@@ -108,19 +127,13 @@ class Trial:
     first: Inputs
     oracles: list[Oracle] = field(default_factory=list)  # the correctness gate's, for the timed-output check
     constants: list[integrity.Constant] = field(default_factory=list)  # inputs that hold one value
+    timed: CopyCalls | None = None  # the variant's input copies as its last measurement timed them
 
-    def calls(self, fn: Callable[..., Any]) -> Callable[[int], Call]:
-        """Input copy i -> a call of `fn` on it. Every side of a measurement shares the copies."""
-        copies: dict[int, Inputs] = {0: self.first}
-        base_seed = self.seeds[0] + 10_007
-
-        def make(i: int) -> Call:
-            if i not in copies:
-                copies[i] = self.make_inputs(base_seed + i)
-            args, kwargs = copies[i]
-            return lambda: fn(*args, **kwargs)
-
-        return make
+    def calls(self, fn: Callable[..., Any]) -> CopyCalls:
+        """Input copy i -> a call of `fn` on it. Every side of a measurement draws its copies from the same
+        seeds (copy 0 is the correctness gate's first input), so the per-block ratios compare like with like.
+        The copies are kept on the returned object (`inputs`): the integrity checks refill and check each one."""
+        return CopyCalls(fn, self.first, self.make_inputs, self.seeds[0] + 10_007)
 
     @property
     def max_ratio(self) -> float | None:

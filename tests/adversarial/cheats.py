@@ -210,6 +210,77 @@ def timed_differently() -> Kernel:
     return kernel
 
 
+# (13) work skipped on the copies nobody checked: its first calls (the correctness gate's) are computed, and
+# after them the first input it is timed on (input copy 0, whose last output is checked); on any other input
+# it returns without working.
+def skip_other_copies(checked_calls: int = 3) -> Kernel:
+    state: dict[str, Any] = {"calls": 0, "copy0": None}
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        state["calls"] += 1
+        if state["calls"] <= checked_calls:
+            return attention(q, k, v, causal)
+        if state["copy0"] is None:
+            state["copy0"] = q.data_ptr()
+        if q.data_ptr() == state["copy0"]:
+            return attention(q, k, v, causal)
+        return torch.zeros_like(q)  # no work
+
+    return kernel
+
+
+# (14) a memo keyed on a fingerprint of a few input values: answers for values it has seen are served from the
+# memo, so every timed call after a copy's first is a lookup. Its answers are right for any values.
+def value_memo() -> Kernel:
+    memo: dict[tuple[float, ...], torch.Tensor] = {}
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        key = (*q.flatten()[:4].tolist(), *k.flatten()[:4].tolist(), *v.flatten()[:4].tolist(), *q.shape)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit.clone()
+        out = memo[key] = attention(q, k, v, causal)
+        return out.clone()
+
+    return kernel
+
+
+# (15) a memo keyed on the inputs' addresses and version counters (what Python can see per call when the
+# variant is timed without a graph): a refill bumps the version, so its answers are always right.
+def version_memo() -> Kernel:
+    memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        key = (q.data_ptr(), q._version, k.data_ptr(), k._version, v.data_ptr(), v._version)
+        if key not in memo:
+            memo[key] = attention(q, k, v, causal)
+        return memo[key].clone()
+
+    return kernel
+
+
+# (16) the reference sabotaged: SDPA's flash backend turned off, process-wide (on a GPU, the reference beside
+# it runs on a slower backend; a library that does this at import does the same by accident).
+def flip_switch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    return attention(q, k, v, causal)
+
+
+# (17) host cost nobody times: Python work and a synchronise in every call, which a graph replay never runs
+# (GPU only: on a host the timer sees it, and it is simply slow).
+def host_cost(busy_s: float = 0.001) -> Kernel:
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        if q.is_cuda and not torch.cuda.is_current_stream_capturing():
+            end = time.perf_counter() + busy_s
+            while time.perf_counter() < end:
+                pass
+            torch.cuda.synchronize(q.device)
+        return attention(q, k, v, causal)
+
+    return kernel
+
+
 # name -> (kernel factory, what catches it). Factories make fresh state per use.
 CATALOGUE: dict[str, tuple[Callable[[], Kernel], str]] = {
     "side_stream": (side_stream, "work outside the timed stream (GPU only)"),
@@ -228,4 +299,9 @@ CATALOGUE: dict[str, tuple[Callable[[], Kernel], str]] = {
     "fp8_inside": (lambda: fp8_inside, "incorrect: native-precision bound"),
     "degenerate_shortcut": (lambda: degenerate_shortcut, "shortcut on degenerate input (timed on a randomised copy)"),
     "timed_differently": (timed_differently, "timed output wrong"),
+    "skip_other_copies": (skip_other_copies, "timed output wrong on input copy N (every copy checked)"),
+    "value_memo": (value_memo, "memo on seen inputs (timed on new values against seen ones)"),
+    "version_memo": (version_memo, "memo on seen inputs (timed on new values against seen ones)"),
+    "flip_switch": (lambda: flip_switch, "global state changed (torch's switches guarded)"),
+    "host_cost": (host_cost, "host time per eager call vs baseline (GPU only)"),
 }

@@ -42,6 +42,10 @@ NOT_SDPA = ["scaled_dot_product"]
         "silent_fallback": Variant(c.silent_fallback, not_kernels=NOT_SDPA),
         "lazy_output": c.lazy_output,
         "timed_differently": c.timed_differently(),
+        "skip_other_copies": c.skip_other_copies(),
+        "value_memo": c.value_memo(),
+        "version_memo": c.version_memo(),
+        "flip_switch": c.flip_switch,
     },
     reference=c.reference,
     against=c.sdpa,
@@ -98,6 +102,14 @@ EXPECTED = {
         "flagged",
         r"shortcut on degenerate input: arg0 holds one value \(0\) in all 3072 elements; the variant takes "
         r"[\d.e+]+ us per call on it vs [\d.e+]+ us on random data of the same shape",
+    ),
+    "skip_other_copies": ("flagged", r"timed output wrong on input copy \d+ of \d+ \(seed \d+\)"),
+    "value_memo": ("flagged", r"memo on seen inputs: on new input values its timed samples read"),
+    # its key (address, version) repeats when a later seed's input takes a freed one's memory: then it is wrong
+    "version_memo": (r"flagged|incorrect", r"memo on seen inputs: on new input values|atol/rtol bound failed"),
+    "flip_switch": (
+        "flagged",
+        r"global state changed: .*flash_sdp_enabled\(\): True -> False \(in the correctness calls\)",
     ),
     "patch_clock": ("flagged", r"patched timer: time\.perf_counter_ns"),
     "patch_engine": ("flagged", r"patched timer: .*pytest_perfguard\.measure\.timing\._CpuSample\.__call__"),

@@ -12,8 +12,9 @@ import pytest
 from pytest_perfguard.judge import policy
 from pytest_perfguard.judge.baseline import BaselineEntry, BaselineFile, ProcessSample
 from pytest_perfguard.judge.verdict import Gate, Verdict
-from pytest_perfguard.record import CaseRecord, Outcome, Status
-from pytest_perfguard.run.confirm import Confirmation, settle
+from pytest_perfguard.record import CaseRecord, Confirmed, Outcome, Status
+from pytest_perfguard.run import confirm
+from pytest_perfguard.run.confirm import Confirmation, Context, RanItem, RunOrder, settle
 from pytest_perfguard.run.session import SessionState, make_state
 from pytest_perfguard.settings import Settings
 
@@ -220,3 +221,105 @@ def test_a_fresh_process_goes_when_the_wait_for_it_is_interrupted(
         fresh.result()
     assert proc.returncode is not None and proc.returncode < 0  # killed
     assert not Path(fresh.folder.name).exists()
+
+
+# ------------------------------------------------------------------------------------------ the context
+
+
+def _replayed(time: float, verdict: Status) -> CaseRecord:
+    """The case's record in a replay after the cases that preceded it."""
+    child = _child(time, 1.0)
+    child.verdict = verdict
+    child.gates[0].status = verdict
+    child.gates[0].reason = f"time vs baseline {(time - 1) * 100:+.1f}%"
+    return child
+
+
+def test_a_regression_the_replay_after_its_preceding_cases_repeats_stands_and_names_them() -> None:
+    """Alone the fresh process reads pass; after the cases that preceded it here, regressed: the regression
+    stands, the note names those cases (the first two, the last and the count of many), and the record
+    keeps the replay's reading, and both processes' seconds (the case's own time leaves them out)."""
+    after = [f"test_k.py::test_a[{i}]" for i in range(5)]
+    context = Context(after, _replayed(1.5, Status.REGRESSED), elapsed_s=7.0)
+    verdict = _verdict(1.5, 1.0)
+    got = settle(
+        FakeRun(_state()),  # type: ignore[arg-type]
+        verdict,
+        Status.REGRESSED,
+        _child(1.0, 1.0),
+        Confirmed(elapsed_s=3.0, verdict=Status.PASS),
+        context=context,
+    )
+    assert got.status is Status.REGRESSED
+    assert got.note == (
+        "confirmed in a fresh process only after test_k.py::test_a[0], test_k.py::test_a[1] ... test_k.py::test_a[4] "
+        "(5 cases), as in this process (alone it read pass): time vs baseline +50.0%"
+    )
+    assert got.info is not None and got.info.verdict is Status.REGRESSED and got.info.elapsed_s == 10.0
+
+
+def test_a_regression_neither_alone_nor_after_its_preceding_cases_stays_as_before_and_says_so() -> None:
+    """Neither process repeats it: the rule of a single confirmation decides (the two processes judged
+    together, here beyond the threshold), and the note says what the replay read, after which cases."""
+    state = _state()
+    limit = _limit(state)
+    after = ["test_k.py::test_a[0]", "test_k.py::test_a[1]"]
+    context = Context(after, _replayed(1.0, Status.PASS), elapsed_s=7.0)
+    got = settle(
+        FakeRun(state),  # type: ignore[arg-type]
+        _verdict(1.0 + limit * 2.5, 1.0),
+        Status.REGRESSED,
+        _child(1.0 + limit * 0.5, 1.0),
+        None,
+        context=context,
+    )
+    assert got.status is Status.INCONCLUSIVE
+    assert (
+        "a process-dependent time, not judged; pass also in a fresh one that first ran test_k.py::test_a[0], "
+        "test_k.py::test_a[1], as this process did; time vs baseline" in got.note
+    ), got.note
+    within = settle(
+        FakeRun(state),  # type: ignore[arg-type]
+        _verdict(1.0 + limit * 1.3, 1.0),
+        Status.REGRESSED,
+        _child(1.0 + limit * 0.3, 1.0),
+        None,
+        context=Context(after, "the fresh process did not finish in 9s", elapsed_s=9.0),
+    )
+    assert within.status is Status.PASS
+    assert within.note.endswith(
+        "threshold; not replayed after the cases that preceded it here: the fresh process did not finish in 9s"
+    )
+
+
+def _order(took: list[float]) -> RunOrder:
+    order = RunOrder()
+    order.ran = [RanItem(f"t.py::t{i}", s) for i, s in enumerate(took)]
+    return order
+
+
+def test_a_replay_runs_a_bounded_tail_of_what_preceded_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most CONTEXT_CASES items, at most CONTEXT_S of their time here, and at least the one before it."""
+    monkeypatch.setattr(confirm, "CONTEXT_CASES", 3)
+    monkeypatch.setattr(confirm, "CONTEXT_S", 10.0)
+    assert _order([1.0] * 6).window("t.py::t5") == (5, [2, 3, 4])  # the count
+    assert _order([1.0, 1.0, 6.0, 4.0, 1.0]).window("t.py::t4") == (4, [2, 3])  # the time: 4 + 6
+    assert _order([1.0, 50.0, 0.0]).window("t.py::t2") == (2, [1])  # the one before it, however long
+    assert _order([1.0, 1.0]).window("t.py::t0") is None  # it ran first: nothing to replay
+    assert _order([1.0]).window("t.py::other") is None
+
+
+def test_one_replay_for_several_runs_the_union_of_their_windows_in_this_process_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's regressions share one replay: a subsequence of what ran here, each after its own window;
+    past CONTEXT_BATCH_S of items, later windows wait for no one and are left out."""
+    monkeypatch.setattr(confirm, "CONTEXT_CASES", 2)
+    order = _order([1.0] * 10)
+    ids, took, cases = order.plan(["t.py::t8", "t.py::t3"])
+    assert cases == ["t.py::t3", "t.py::t8"]
+    assert ids == ["t.py::t1", "t.py::t2", "t.py::t3", "t.py::t6", "t.py::t7", "t.py::t8"]
+    assert took == 4.0  # the context items only: the cases' own time is added by the caller
+    monkeypatch.setattr(confirm, "CONTEXT_BATCH_S", 3.0)
+    ids, took, cases = order.plan(["t.py::t8", "t.py::t3"])
+    assert cases == ["t.py::t3"] and ids == ["t.py::t1", "t.py::t2", "t.py::t3"]
