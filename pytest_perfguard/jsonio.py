@@ -229,7 +229,7 @@ def write_text_atomic(path: Path, text: str, error: type[JSONFileError] = JSONFi
     except OSError as exc:
         raise error(
             f"{path}: cannot write in folder {folder} ({exc.strerror or exc}); make it writable "
-            f"(chmod u+w {folder}) or choose another baseline folder"
+            f"(chmod u+w {folder}), or give {path.name} a path in a folder you can write"
         ) from None
     try:
         with os.fdopen(fd, "wb") as handle:

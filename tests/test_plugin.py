@@ -531,8 +531,17 @@ def test_zero_perf_cases_under_perfguard_fails(pytester: pytest.Pytester, mode: 
     pytester.makepyfile("def test_plain():\n    pass\n")
     result = _runner(pytester)(*mode, "--perfguard", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*no perf case was timed*"])
+    result.stdout.fnmatch_lines(["*no perf case was timed (no @perf_case test was collected)*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_a_run_whose_every_case_failed_says_so_not_that_none_was_collected(project: pytest.Pytester) -> None:
+    """Every item failed its correctness gate: the message said "no @perf_case test was collected"."""
+    wrong = _case().replace("timed(int(1000 * SLOW))", "timed(1000, fn=lambda q, k, v, causal: q)")
+    project.makepyfile(test_k=wrong)
+    result = run(project, [], "--perfguard-update-baseline", "-k", "fast")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*no perf case was timed (2 failed before timing (2 incorrect))*"])
 
 
 @pytest.mark.parametrize(

@@ -157,19 +157,11 @@ def test_a_path_option_with_a_space_that_moves_the_rootdir_is_refused(
     assert json.loads(elsewhere.read_text())["results"]
 
 
-def test_the_margin_used_is_said_and_a_baseline_too_wide_to_judge_is_not_stored(project: pytest.Pytester) -> None:
+def test_the_margin_used_is_said(project: pytest.Pytester) -> None:
     """The gates widen the margin from the stored between-run noise (on a CPU its floor makes 20% of 5%);
-    the README and the Markdown said 5%, and a baseline with a ±88% interval was stored without a word. Now
-    an entry whose processes spread too wide to judge a regression of the margin is not stored at all, the
-    update says why and fails; a quiet one is stored, and the guard says the margin it used."""
-    os.environ["KERNEL_NOISE"] = "4"
-    try:
-        result = run(project, "-k", "fine", "--perfguard-update-baseline", "--perfguard-case-budget", "0.05")
-    finally:
-        del os.environ["KERNEL_NOISE"]
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*stayed unverifiable*", "*no baseline entry written*"])
-    assert not list((project.path / ".ci" / "baselines").glob("*.json"))
+    the README and the Markdown said 5%. The guard says the margin it used. (A baseline whose processes
+    spread too wide to judge the margin is not stored at all: tests/test_stored_baseline.py and
+    tests/test_update_robust.py plant such processes deterministically.)"""
     run(project, "-k", "fine", "--perfguard-update-baseline").assert_outcomes(passed=2)
     result = run(project, "-k", "fine", "--perfguard")
     result.stdout.fnmatch_lines(["margin used by the baseline and ratio gates: *; 5% set, widened *"])

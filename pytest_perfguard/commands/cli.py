@@ -93,11 +93,22 @@ def _show_one(bf: BaselineFile) -> None:
         print("(no cases)")
 
 
+def _found_upwards(path: Path) -> Path:
+    """A relative path as the plugin finds it from any folder of the project: here, else in the nearest
+    folder above that holds it. Unchanged where none does."""
+    if path.is_absolute() or path.exists():
+        return path
+    for folder in Path.cwd().parents:
+        if (folder / path).exists():
+            return folder / path
+    return path
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """Print every baseline at the path; exit 1 if any is missing or bad."""
-    target = Path(args.path)
+    target = _found_upwards(Path(args.path))
     if not target.exists():
-        _err(f"{target}: no such baseline file or folder")
+        _err(f"{target}: no such baseline file or folder here or in a folder above ({Path.cwd()})")
         return 1
     paths = _baseline_paths(target)
     if not paths:
@@ -223,7 +234,7 @@ def _compare_rows(
     return rows, slower, only_a, only_b
 
 
-def firmer_answer(rows: list[list[str]], margin: float, a_sha: Any) -> list[str]:
+def firmer_answer(rows: list[list[str]], margin: float, a_sha: Any, a_dirty: Any = None) -> list[str]:
     """What each verdict means, and what to run where the answer is not firm: two runs in two processes
     carry the between-run noise, so "unclear" needs more blocks and "slower" a paired run."""
     by: dict[str, list[str]] = {}
@@ -248,7 +259,13 @@ def firmer_answer(rows: list[list[str]], margin: float, a_sha: Any) -> list[str]
         out.extend(f"    pytest {shlex.quote(case)} --perfguard --perfguard-case-budget 20" for case in unclear[:10])
         if len(unclear) > 10:
             out.append(f"    ... and {len(unclear) - 10} more")
-    if (regressed or faster) and isinstance(a_sha, str) and a_sha:
+    if (regressed or faster) and a_dirty:
+        out.append(
+            f"  to confirm a change in one process, commit A's code and run against that commit: run A measured "
+            f"{a_sha[:12] if isinstance(a_sha, str) else 'a commit'} with uncommitted changes (digest {a_dirty}), "
+            "which no revision holds"
+        )
+    elif (regressed or faster) and isinstance(a_sha, str) and a_sha:
         out.append("  to confirm a change in one process, against A's revision (paired, no between-run noise):")
         out.extend(
             f"    pytest {shlex.quote(case)} --perfguard --perfguard-against {a_sha[:12]}"
@@ -297,7 +314,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if gates:
         counts = ", ".join(f"{n} {status}" for status, n in gates.most_common())
         print(f"B's own A/B gate (head against its base revision in one process, the firmer evidence): {counts}")
-    for line in firmer_answer(rows, threshold, a.run.get("git_sha")):
+    for line in firmer_answer(rows, threshold, a.run.get("git_sha"), a.run.get("git_dirty")):
         print(line)
     return 1 if args.fail_on_regression and slower else 0
 

@@ -126,7 +126,9 @@ def _revision(run: Run, key: str) -> str | None:
     for holder in (run.checked.run, run.checked.device):
         value = holder.get(key)
         if isinstance(value, str) and value:
-            return value
+            dirty = holder.get("git_dirty") if key == "git_sha" else None
+            # uncommitted changes make another revision of the code: two digests do not merge as one commit
+            return f"{value}+{dirty}" if isinstance(dirty, str) and dirty else value
     return None
 
 

@@ -229,7 +229,10 @@ def git_sha(run: Mapping[str, Any]) -> str | None:
     device = run.get("device")
     for holder in (info, device):
         if isinstance(holder, dict) and isinstance(holder.get("git_sha"), str) and holder["git_sha"]:
-            return str(holder["git_sha"])
+            dirty = holder.get("git_dirty")
+            sha = str(holder["git_sha"])
+            # a tree with uncommitted changes is not the commit: the mark travels with the SHA
+            return f"{sha} + uncommitted changes ({dirty})" if isinstance(dirty, str) and dirty else sha
     return None
 
 

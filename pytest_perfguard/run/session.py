@@ -243,13 +243,7 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
     out = RunSummary()
     timed = [r for r in records if r.timed]
     if s.enabled and not timed:
-        skipped = [r for r in records if r.outcome in (Outcome.SKIPPED, Outcome.NOT_RUN)]
-        why = "; ".join(sorted({(r.reasons or ["?"])[0] for r in skipped}))[:500]
-        out.errors.append(
-            "perfguard: no perf case was timed"
-            + (f" ({len(skipped)} skipped: {why})" if skipped else " (no @perf_case test was collected)")
-            + ". A perf run that measures nothing must not pass."
-        )
+        out.errors.append(_nothing_timed(records))
     # A sticky CUDA error marks its case's record (Runner._crashed), in any process of the session.
     poisoned_by = sorted({r.id for r in records if r.sticky})
     if s.update and timed:
@@ -279,6 +273,24 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
         out.messages.append(warmup)
     _write_reports(state, records, timed, out)
     return out
+
+
+def _nothing_timed(records: list[CaseRecord]) -> str:
+    """Why a perf run timed no case: what its cases did instead (failed before timing, skipped), or that no
+    @perf_case test was collected."""
+    skipped = [r for r in records if r.outcome in (Outcome.SKIPPED, Outcome.NOT_RUN)]
+    failed = [r for r in records if r.outcome is Outcome.FAILED]
+    parts = []
+    if failed:
+        kinds = Counter(str(r.verdict or "error") for r in failed)
+        parts.append(
+            f"{len(failed)} failed before timing (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
+        )
+    if skipped:
+        why = "; ".join(sorted({(r.reasons or ["?"])[0] for r in skipped}))[:500]
+        parts.append(f"{len(skipped)} skipped: {why}")
+    what = "; ".join(parts) if parts else "no @perf_case test was collected"
+    return f"perfguard: no perf case was timed ({what}). A perf run that measures nothing must not pass."
 
 
 def disturbed_line(timed: list[CaseRecord], *, update: bool) -> str:
@@ -553,9 +565,13 @@ def _write_reports(state: SessionState, records: list[CaseRecord], timed: list[C
 
 def run_info(state: SessionState) -> dict[str, Any]:
     """What the run compared and at which revision: shown in reports."""
-    from ..gitrev import head_sha
+    from ..gitrev import head_sha, tree_digest
 
     info: dict[str, Any] = {"git_sha": head_sha(state.rootdir)}
+    dirty = tree_digest(state.rootdir) if info["git_sha"] else None
+    if dirty:
+        # the code measured is the commit plus these changes: compare and history never file it as the commit
+        info["git_dirty"] = dirty
     if state.warmups:
         info["warmup"] = state.warmups
     if state.settings.against:

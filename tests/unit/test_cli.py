@@ -491,3 +491,16 @@ def test_compare_defaults_to_the_plugins_margin() -> None:
 
     args = build_parser().parse_args(["compare", "a.json", "b.json"])
     assert args.margin == BY_NAME["margin"].default == 0.05
+
+
+def test_show_finds_the_project_baselines_from_a_folder_below(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`perfguard show` from tests/ said ".ci/baselines: no such baseline file or folder" although the plugin
+    finds that folder from any folder of the project."""
+    (tmp_path / ".ci" / "baselines").mkdir(parents=True)
+    stored = make_baseline(tmp_path / ".ci" / "baselines" / "nvidia-l4.json")
+    (tmp_path / "tests").mkdir()
+    monkeypatch.chdir(tmp_path / "tests")
+    status, out, _ = run(capsys, "show", ".ci/baselines")
+    assert status == 0 and str(stored) in out

@@ -3,6 +3,7 @@ and change points on synthetic histories built from recorded H200 noise."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
@@ -23,6 +24,7 @@ from pytest_perfguard.commands.history.store import (
     resolve_commit,
     shift_interval,
 )
+from pytest_perfguard.gitrev import tree_digest
 from tests.unit.test_cli import make_results, run
 
 DEVICE: dict[str, Any] = {
@@ -295,3 +297,35 @@ def test_changes_lists_commit_range_size_and_environment(
         (change,) = find_changes(history.series(CASE), max_pvalue=1e-4)
     assert change.index == 30
     assert change.size.lo < 1.10 < change.size.hi and change.size.hi - change.size.lo < 0.03
+
+
+def test_a_run_of_uncommitted_changes_is_never_filed_under_the_bare_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run with uncommitted changes was filed under HEAD with no mark. The results file now records the
+    changes' digest, and `history add` refuses it unless told; a clean run is filed under the commit its
+    file records, not under the one checked out when it is added."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "measured")
+    measured = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "kernel.py").write_text("x = 1\n")
+    digest = tree_digest(repo)
+    assert digest is not None and tree_digest(repo) == digest
+    (repo / "kernel.py").write_text("x = 2\n")
+    assert tree_digest(repo) not in (None, digest)
+    path = results(tmp_path / "r.json", 9000.0)
+    doc = json.loads(path.read_text())
+    doc["run"] = {"git_sha": measured, "git_dirty": digest}
+    path.write_text(json.dumps(doc))
+    monkeypatch.chdir(repo)
+    status, _, err = run(capsys, "history", "add", str(path))
+    assert status == 1 and "with uncommitted changes (digest " in err and "--allow-dirty" in err
+    assert not (repo / ".ci" / "history.sqlite").exists()
+    doc["run"] = {"git_sha": measured}
+    path.write_text(json.dumps(doc))
+    git(repo, "add", "kernel.py")
+    git(repo, "commit", "-q", "-m", "later")
+    status, out, _ = run(capsys, "history", "add", str(path))
+    assert status == 0 and f"commit {measured[:12]}" in out  # the commit measured, not HEAD now

@@ -27,7 +27,7 @@ from pytest_perfguard.commands.history.store import (
     resolve_commit,
 )
 from pytest_perfguard.report.formats import format_ratio, format_time
-from pytest_perfguard.report.results import ResultsError
+from pytest_perfguard.report.results import ResultsError, read_results
 
 PLOT_SUFFIXES = (".png", ".svg")
 PLOT_MAX_CASES = 24
@@ -42,6 +42,17 @@ def _percent(value: float | None) -> str:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
+    run = read_results(Path(args.results)).run
+    recorded, dirty = run.get("git_sha"), run.get("git_dirty")
+    if dirty and not args.allow_dirty:
+        _err(
+            f"{args.results} measured {str(recorded)[:12]} with uncommitted changes (digest {dirty}): filed under "
+            "that commit, the history would say the commit holds code it does not. Commit the changes and measure "
+            "again, or pass --allow-dirty to file it under the commit anyway"
+        )
+        return 1
+    if args.sha is None and isinstance(recorded, str) and recorded:
+        args.sha = recorded  # the commit the run measured, not the one checked out now
     sha, commit_time = resolve_commit(args.sha, args.commit_time)
     outcome = add_results(Path(args.history), Path(args.results), sha, commit_time)
     if outcome.already:
@@ -212,7 +223,12 @@ def add_history_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     add = commands.add_parser("add", help="add a results file (pytest --perfguard-json) as one run")
     add.add_argument("results", metavar="RESULTS.json")
     common(add)
-    add.add_argument("--sha", help="commit measured (default: git rev-parse HEAD)")
+    add.add_argument("--sha", help="commit measured (default: the one the results file records, else HEAD)")
+    add.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="file a run that measured uncommitted changes under its commit (refused by default)",
+    )
     add.add_argument("--commit-time", metavar="ISO", help="its commit time (default: from git; no zone = UTC)")
     add.set_defaults(history_func=cmd_add)
 
