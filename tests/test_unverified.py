@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_plugin import CONFTEST, MODES, _case, baseline_json, record_baseline, run
+from test_plugin import CONFTEST, MODES, _case, baseline_json, mode, record_baseline, run
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end
 
 
-@pytest.fixture(params=list(MODES))
-def mode(request: pytest.FixtureRequest) -> list[str]:
-    return MODES[request.param]
+__all__ = ["mode"]  # the three xdist modes, test_plugin's fixture
 
 
 @pytest.fixture

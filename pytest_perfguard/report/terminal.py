@@ -172,11 +172,15 @@ def verdict_text(r: CaseRecord) -> str:
 
 
 def host_text(r: CaseRecord) -> str:
-    """What the eager call costs beyond the device time (the launch overhead), "+12.3 us"; "-" where the host
-    time was not measured (CPU: the timed figure is the host's)."""
+    """What the eager call costs beyond the device time (the launch overhead), "+12.3 us ±0.41 us" (the wider
+    side of the eager time's 95% interval); "-" where the host time was not measured (CPU: the timed figure
+    is the host's)."""
     if r.host_ns is None or r.median_ns is None:
         return "-"
-    return "+" + format_time(max(r.host_ns - r.median_ns, 0.0))
+    text = "+" + format_time(max(r.host_ns - r.median_ns, 0.0))
+    if r.host_ci is not None:
+        text += " ±" + format_time(max(r.host_ns - r.host_ci[0], r.host_ci[1] - r.host_ns))
+    return text
 
 
 def _time_text(r: CaseRecord) -> str:
@@ -308,6 +312,8 @@ def terminal_lines(
     out.extend(skip_lines(records, width))
     out.extend(margin_lines(shown, margin, width))
     if host:
-        out.append("host +: what the eager call costs beyond the device time (launch and host work, per call)")
+        out.append(
+            "host +: the eager call's cost beyond the device time (launch and host work, per call), ± its 95% CI"
+        )
     out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column and skipped row: -v")
     return out
