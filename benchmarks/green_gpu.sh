@@ -5,6 +5,8 @@
 #
 #   bash benchmarks/green_gpu.sh [OUT] [GUARDS]     # OUT default benchmarks/out/green_gpu, GUARDS default 2
 #
+# With BL=DIR the runs read that baseline folder, and with UPDATE=0 no update is made (more guards on a host
+# whose baseline an earlier call recorded); XDIST=2 runs each pytest with `-n 2` (one worker per GPU).
 # Writes OUT/host.txt (device, driver, torch, uptime), OUT/marks.txt (each run's exit status and wall time) and
 # OUT/raw.tar.xz (each run's results JSON and log). Summarise with benchmarks/green_summary.py OUT.
 set -u
@@ -15,7 +17,8 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2207
 PLUGIN=($(python benchmarks/_plugin.py))  # -p pytest_perfguard.plugin where the package is not installed
-BL="$OUT/raw/baselines"
+BL=${BL:-"$OUT/raw/baselines"}
+XDIST=${XDIST:-0}
 {
   date -u
   uptime
@@ -28,14 +31,16 @@ run() {
   local name=$1
   shift
   local t0=$SECONDS
-  CI=true python -m pytest tests/perf "${PLUGIN[@]}" -p no:cacheprovider -q --perfguard --perfguard-baseline-dir "$BL" \
+  CI=true python -m pytest tests/perf "${PLUGIN[@]}" -p no:cacheprovider -q -n "$XDIST" --perfguard --perfguard-baseline-dir "$BL" \
     --perfguard-json "$OUT/raw/$name.json" "$@" >"$OUT/raw/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc wall=$((SECONDS - t0))s $(grep -h 'timed case(s):' "$OUT/raw/$name.log" | tail -n 1)" | tee -a "$OUT/marks.txt"
+  tar -C "$OUT" -cJf "$OUT/raw.tar.xz" raw  # after every run: a call cut off at its limit keeps what ran
 }
 
-run update --perfguard-update-baseline
-for i in $(seq 1 "$GUARDS"); do
+if [ "${UPDATE:-1}" != 0 ]; then
+  run update --perfguard-update-baseline
+fi
+for i in $(seq "${FIRST:-1}" "$GUARDS"); do
   run "guard$i"
 done
-tar -C "$OUT" -cJf "$OUT/raw.tar.xz" raw

@@ -9,6 +9,7 @@ import random
 from pytest_perfguard.judge import baseline as bl
 from pytest_perfguard.judge import verdict as vd
 from pytest_perfguard.judge.policy import HOST_MARGIN, REFERENCE_BAND
+from pytest_perfguard.measure import timing
 from pytest_perfguard.measure.device import CUDA_TIMING, incomparable
 from pytest_perfguard.record import CaseRecord, Gate, Status
 from pytest_perfguard.run import session
@@ -49,6 +50,43 @@ def test_the_host_gate_fails_a_slower_wrapper_and_passes_host_noise() -> None:
     assert slow is not None and slow.status is Status.REGRESSED
     assert slow.reason.startswith("host time per eager call vs baseline +")
     assert vd.host_gate(_blocks(20_000.0), against, _entry(host_ratio=None), policy) is None  # nothing stored
+
+
+def test_one_preempted_block_leaves_the_host_gate_decided() -> None:
+    # At the run's 99.9% a 12-block interval reaches the slowest block; a pass needs only the gate's own 95%,
+    # a failure still needs the 99.9% (the variant that gets past: one that is slower in fewer than a third of
+    # its blocks, which the median ignores as it ignores a preempted block).
+    entry, policy = _entry(host_ratio=2.0), vd.Policy(family_size=98)
+    against = _blocks(10_000.0, seed=2)
+    blocks = _blocks(20_000.0 * 1.1)
+    blocks[5] = 20_000.0 * 3.0 * (1 + HOST_MARGIN)
+    gate = vd.host_gate(blocks, against, entry, policy)
+    assert gate is not None and gate.status is Status.PASS, gate
+    slow = [b * (1 + 2 * HOST_MARGIN) for b in blocks]
+    slow_gate = vd.host_gate(slow, against, entry, policy)
+    assert slow_gate is not None and slow_gate.status is Status.REGRESSED, slow_gate
+
+
+def test_the_eager_blocks_are_sized_on_the_whole_call_not_the_device_time() -> None:
+    # A launch-bound call: 1 us on the device, 100 us on the host. Sized on the device time the blocks held
+    # HOST_MAX_CALLS calls each; sized on the whole call they hold HOST_BLOCK_NS of it.
+    now = [0]
+
+    def clock() -> int:
+        return now[0]
+
+    def call(cost: int):  # type: ignore[no-untyped-def]
+        def run() -> None:
+            now[0] += cost
+
+        return run
+
+    host = timing.host_time(
+        {"v": [call(100_000)] * 4, "a": [call(50_000)] * 4}, lambda: None, per_call_ns=1_000.0, clock=clock
+    )
+    assert host.calls_per_block == math.ceil(timing.HOST_BLOCK_NS / 100_000)
+    assert len(host.variant_blocks) == timing.HOST_BLOCKS
+    assert host.ratio is not None and host.ratio.estimate == 2.0
 
 
 def test_a_reference_that_moved_beyond_the_band_flags_the_case() -> None:
