@@ -367,6 +367,22 @@ UNDECIDED = ("inconclusive", "not comparable", "no base")
 MDE_MARGINS = 2.0
 
 
+# The gates whose threshold is the margin a case is judged at (the host gate's is its own, far wider).
+MARGIN_GATES = ("baseline", "ratio", "ab")
+
+
+def judged_margin(thresholds: Sequence[tuple[str, float | None]], fallback: float) -> float:
+    """The margin a case was judged at: its comparing gates' widest threshold (name, threshold as a ratio),
+    the set margin widened by the entry's stored spread where that is wider; else `fallback`."""
+    used = [t - 1.0 for name, t in thresholds if name in MARGIN_GATES and t is not None]
+    return max(used) if used else fallback
+
+
+def could_hide(mde: float | None, margin: float, *, ab_margin: float = 0.0) -> bool:
+    """A pass with this minimum detectable effect could hide a regression of MDE_MARGINS margins."""
+    return mde is not None and math.isfinite(mde) and mde > MDE_MARGINS * max(margin, ab_margin)
+
+
 def decision(
     verdict: str | None, failed: bool, timed: bool, mde: float | None, margin: float, *, ab_margin: float = 0.0
 ) -> str:
@@ -385,10 +401,7 @@ def decision(
         return "new"
     if verdict in UNDECIDED or verdict is None:
         return "unverified"
-    limit = MDE_MARGINS * max(margin, ab_margin)
-    if mde is not None and math.isfinite(mde) and mde > limit:
-        return "unverified"
-    return "pass"
+    return "unverified" if could_hide(mde, margin, ab_margin=ab_margin) else "pass"
 
 
 def allowance(text: str, timed: int) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -720,8 +721,8 @@ class _Tally:
     notes: list[str] = field(default_factory=list)
 
     def seen(self, problem: str | None) -> None:
-        if problem and problem not in self.notes:
-            self.notes.append(problem)
+        if problem:
+            self.notes[:] = distinct_notes(self.notes, [problem])
 
     def block(self, samples: dict[str, PreparedSample], rng: random.Random, size: _Size, n: int) -> None:
         """Block `n`: samples of every side, in a fresh random order each round; each side's median kept."""
@@ -829,6 +830,21 @@ def _widest(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfi
     return max(widths)
 
 
+_SHARES = re.compile(r"\d+(?:\.\d+)?%")
+
+
+def distinct_notes(kept: Sequence[str], more: Sequence[str]) -> list[str]:
+    """`kept`, then each of `more` that says something new: a disturbance read again with other shares ("pid 844
+    ... at 99% SM, 28% memory" and "... 29% memory") is the same one, said once."""
+    out = list(kept)
+    keys = {_SHARES.sub("", n) for n in out}
+    for n in more:
+        if _SHARES.sub("", n) not in keys:
+            keys.add(_SHARES.sub("", n))
+            out.append(n)
+    return out
+
+
 def pooled(first: Measurement, second: Measurement, confidence: float) -> Measurement:
     """Pools the blocks of a measurement and its fresh-order re-measurement into one."""
     v = first.variant_blocks + second.variant_blocks
@@ -856,7 +872,7 @@ def pooled(first: Measurement, second: Measurement, confidence: float) -> Measur
         mode=second.mode,
         elapsed_s=first.elapsed_s + second.elapsed_s,
         wall_ratio=max(first.wall_ratio, second.wall_ratio),
-        notes=first.notes + [n for n in second.notes if n not in first.notes],
+        notes=distinct_notes(first.notes, second.notes),
         base_blocks=b,
         groups=groups,
         gap_ns=max(first.gap_ns, second.gap_ns),

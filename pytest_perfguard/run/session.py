@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import sys
 from collections import Counter
@@ -31,6 +32,7 @@ from ..judge.policy import (
     decision,
     discord_limit,
     discordant,
+    judged_margin,
     log_spread,
     medians_threshold,
     outlier_process,
@@ -398,18 +400,15 @@ def _thin_line(state: SessionState, timed: list[CaseRecord]) -> str:
     )
 
 
-_MARGIN_GATES = ("baseline", "ratio", "ab")
-
-
 def _judged_margin(state: SessionState, r: CaseRecord) -> float:
-    """The margin the case was judged at: its comparing gates' widest threshold (the set margin, widened by
-    the entry's stored spread where that is wider; an update stores no entry widened past twice a quiet one,
-    policy.verifiable_limit), else the set margin."""
+    """The margin the case was judged at (policy.judged_margin; an update stores no entry widened past twice
+    a quiet one, policy.verifiable_limit), else the set margin."""
     s = state.settings
-    used = [g.threshold - 1.0 for g in r.gates if g.name in _MARGIN_GATES and g.threshold is not None]
-    if used:
-        return max(used)
-    return s.ab_margin_for(r.median_ns or 0.0) if s.against else s.margin
+    fallback = s.ab_margin_for(r.median_ns or 0.0) if s.against else s.margin
+    return judged_margin([(g.name, g.threshold) for g in r.gates], fallback)
+
+
+_WAITED = re.compile(r"waited ([\d.]+) s for the disturbance to end .*: (it (?:had not )?ended)$")
 
 
 def _why_unverified(r: CaseRecord, margin: float) -> str:
@@ -420,7 +419,9 @@ def _why_unverified(r: CaseRecord, margin: float) -> str:
             f"{MDE_MARGINS:g}x the {margin:.1%} margin it was judged at"
         )
     if r.disturbances:
-        return "disturbed while timed: " + r.disturbances[0]
+        waited = next((m for n in r.notes if (m := _WAITED.match(n))), None)
+        wait = f"; waited {waited[1]} s for it to end: {waited[2]}" if waited else ""
+        return "disturbed while timed: " + r.disturbances[0] + wait
     reason = next((x for x in r.reasons if x), str(r.verdict))
     return reason if len(reason) <= 220 else reason[:217] + "..."
 

@@ -15,9 +15,18 @@ import pytest
 import torch
 
 from ..judge import baseline as bl
-from ..judge.policy import case_offset
+from ..judge.policy import case_offset, could_hide, judged_margin
 from ..judge.stats import relative_half_width
-from ..judge.verdict import UNCHECKED_FASTER, Verdict, ab_gate, ab_progress, decide, host_gate, unpaired_gate
+from ..judge.verdict import (
+    UNCHECKED_FASTER,
+    Verdict,
+    ab_gate,
+    ab_progress,
+    case_mde,
+    decide,
+    host_gate,
+    unpaired_gate,
+)
 from ..measure import integrity
 from ..measure.correctness import check
 from ..measure.cpuwatch import CpuWatch
@@ -200,7 +209,7 @@ class TimedStep:
                 m, note = pooled(m, m2, cfg.confidence), "re-measured once in a fresh order (blocks pooled)"
             verdict = self._judge(trial, record, m, twin)
             verdict.notes.append(note)
-        m, verdict = self._decide_more(trial, record, twin, m, verdict, take, cfg.confidence)
+        m, verdict = self._decide_more(trial, record, twin, m, verdict, take, cfg.confidence, against)
         if verdict.disturbances:
             off = " (where the load is by design, --perfguard-no-cpu-watch)" if isinstance(watch, CpuWatch) else ""
             verdict.notes.append(
@@ -228,11 +237,12 @@ class TimedStep:
         verdict: Verdict,
         take: Callable[..., Measurement],
         confidence: float,
+        against: Callable[[int], Call] | None = None,
     ) -> tuple[Measurement, Verdict]:
         """A verdict still undecided after the re-measurement, where more blocks can decide it (a gate whose
-        interval straddles its margin, not an entry that cannot judge or a disturbed machine): measured up to
-        EXTRA_MEASUREMENTS more times, blocks pooled, within the process's DECIDING_BUDGET_S. Only then is it
-        unverified (policy.decision)."""
+        interval straddles its margin, or a pass whose interval is too wide to rule out twice the margin; not
+        an entry that cannot judge or a disturbed machine): measured up to EXTRA_MEASUREMENTS more times,
+        blocks pooled, within the process's DECIDING_BUDGET_S. Only then is it unverified (policy.decision)."""
         s = self.state.settings
         extra = 0
         while (
@@ -240,15 +250,41 @@ class TimedStep:
             and not verdict.disturbances
             and extra < EXTRA_MEASUREMENTS
             and self.state.deciding_spent_s < DECIDING_BUDGET_S
-            and any(g.status is Status.INCONCLUSIVE and "straddles" in g.reason for g in verdict.deciding_gates())
+            and self._more_can_decide(trial, m, verdict)
         ):
             t0 = time.monotonic()
+            host_undecided = any(g.name == "host" and g.status is Status.INCONCLUSIVE for g in verdict.gates)
             m = pooled(m, take(copies=m.reps), confidence)
+            if host_undecided and self.host is not None:
+                # The eager call's blocks pooled too: the host gate is undecided by its own blocks.
+                more = self._host_time(trial, m, against)
+                if more is not None and (self.host.against_blocks is None) == (more.against_blocks is None):
+                    self.host = HostTime(
+                        self.host.variant_blocks + more.variant_blocks,
+                        None
+                        if self.host.against_blocks is None or more.against_blocks is None
+                        else self.host.against_blocks + more.against_blocks,
+                        self.host.calls_per_block,
+                    )
             verdict = self._judge(trial, record, m, twin)
             extra += 1
             verdict.notes.append(f"undecided: measured {extra} more time(s) to decide it (blocks pooled)")
             self.state.deciding_spent_s += time.monotonic() - t0
         return m, verdict
+
+    def _more_can_decide(self, trial: Trial, m: Measurement, verdict: Verdict) -> bool:
+        """More blocks can decide this verdict: a gate straddles its margin, or the verdict is a pass whose
+        minimum detectable effect is past policy.MDE_MARGINS margins (a fresh H100's guard left one such case
+        unverified, MDE 10.2% against a 10% limit, with no second look; 2026-11-28)."""
+        gates = verdict.deciding_gates()
+        if any(g.status is Status.INCONCLUSIVE and "straddles" in g.reason for g in gates):
+            return True
+        if verdict.status is not Status.PASS:
+            return False
+        s = self.state.settings
+        mde = case_mde(gates, variant_is_against=trial.variant.fn is trial.case.against)
+        fallback = s.ab_margin_for(m.time.estimate) if s.against else s.margin
+        return could_hide(mde, judged_margin([(g.name, g.threshold) for g in verdict.gates], fallback))
 
     def _host_time(self, trial: Trial, m: Measurement, against: Callable[[int], Call] | None) -> HostTime | None:
         """The eager call as a user makes it, beside the reference's (GPU only: on CPU the timed figure is
@@ -263,7 +299,7 @@ class TimedStep:
         with self.lock(exclusive=True):
             t0 = time.monotonic()
             host = host_time(sides, lambda: torch.cuda.synchronize(device), per_call_ns=m.time.estimate)
-            self.host_s = time.monotonic() - t0
+            self.host_s += time.monotonic() - t0
             return host
 
     def _watch(self, trial: Trial) -> Watch | None:

@@ -36,3 +36,19 @@ def test_the_allowance_is_a_count_or_a_share_rounded_down() -> None:
     assert allowance("3", 98) == 3
     assert allowance("5%", 98) == 4
     assert allowance("50%", 3) == 1
+
+
+def test_a_disturbed_case_says_who_disturbed_it_and_how_long_it_waited() -> None:
+    from pytest_perfguard.record import CaseRecord, Status
+    from pytest_perfguard.run.session import _why_unverified
+
+    busy = "GPU 0 shared with pid 844 (python: gpu_load.py) at 99% SM, 29% memory while timed"
+    r = CaseRecord(
+        "t.py::a",
+        verdict=Status.INCONCLUSIVE,
+        disturbances=[busy],
+        notes=[f"waited 30.0 s for the disturbance to end ({busy}): it had not ended", "re-measured once"],
+    )
+    assert _why_unverified(r, 0.05) == f"disturbed while timed: {busy}; waited 30.0 s for it to end: it had not ended"
+    r.notes = []
+    assert _why_unverified(r, 0.05) == f"disturbed while timed: {busy}"

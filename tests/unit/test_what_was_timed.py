@@ -124,3 +124,10 @@ def test_a_reference_that_moved_alone_is_named_and_one_the_run_shares_is_not() -
     assert session._moved_alone(alone) == ["a (reference +60.0%, the others' median +1.0%)"]
     shared = [_moved("a", 0.6, True), _moved("b", 0.5, True), _moved("c", 0.55, False), _moved("d", 0.4, False)]
     assert session._moved_alone(shared) == []
+
+
+def test_a_disturbance_read_again_with_other_shares_is_said_once() -> None:
+    a = "GPU 0 shared with pid 844 (python: gpu_load.py) at 99% SM, 28% memory while timed"
+    b = "GPU 0 shared with pid 844 (python: gpu_load.py) at 99% SM, 29% memory while timed"
+    other = "GPU 0 shared with pid 900 (python: train.py) at 40% SM, 10% memory while timed"
+    assert timing.distinct_notes([a], [b, other, other]) == [a, other]
