@@ -13,6 +13,7 @@ from . import settings as st
 from .judge import baseline as bl
 from .marker import MARK_NAME, VARIANT_ARG, PerfCase
 from .measure.visible import device_index
+from .record import CaseRecord
 from .report.writers import asked
 from .run import xdist as xd
 from .run.session import (
@@ -35,6 +36,16 @@ if TYPE_CHECKING:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     st.add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """A mistyped --perfguard option names the nearest one, before pytest's bare "unrecognized arguments"."""
+    groups = [parser.getgroup(name) for name in ("perfguard", "perfguard explain")]
+    known = [n for group in groups for opt in group.options for n in opt.names()]
+    message = st.misspelled(args, known)
+    if message is not None:
+        raise pytest.UsageError(message)
 
 
 def _pick_device(config: pytest.Config, wanted: str, *, enabled: bool) -> str:
@@ -259,8 +270,34 @@ def perfguard_device(request: pytest.FixtureRequest) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
     _skip_at_the_test(item, report)
+    _skipped_before_the_case(item, report)
     xd.mark_report(item, report)
     return report
+
+
+def _skipped_before_the_case(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A perf item that pytest skipped before the plugin ran it (a skipif mark, a skip in a fixture) is kept
+    as a skipped record, so that the table's skip count is pytest's."""
+    if not (report.when == "setup" and report.skipped) or item.get_closest_marker(MARK_NAME) is None:
+        return
+    callspec = getattr(item, "callspec", None)
+    variant = callspec.params.get(VARIANT_ARG) if callspec is not None else None
+    if variant is None or STATE not in item.config.stash:
+        return
+    from .run.workload import display_params  # imports torch: not at the plugin's import (pytest --help)
+
+    longrepr = report.longrepr
+    reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else "skipped"
+    reason = reason.removeprefix("Skipped: ")
+    state_of(item.config).records.append(
+        CaseRecord(
+            id=item.nodeid,
+            test=getattr(item, "originalname", item.name),
+            variant=str(variant),
+            params=display_params(item),
+            reasons=[reason],
+        )
+    )
 
 
 def _skip_at_the_test(item: pytest.Item, report: pytest.TestReport) -> None:

@@ -20,8 +20,9 @@ same baseline is found from any working directory, from xdist workers and from a
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -599,3 +600,20 @@ def options_table() -> str:
 
 if __name__ == "__main__":
     print(options_table())
+
+
+def misspelled(args: Sequence[str], known: Sequence[str]) -> str | None:
+    """The message for the first `--perfguard...` argument that is no option, naming the nearest one (pytest
+    itself says only "unrecognized arguments"), or None. Arguments after `--` are not options."""
+    for arg in args:
+        if arg == "--":
+            return None
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--perf") or name in known:
+            continue
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        if not name.startswith("--perfguard") and not difflib.get_close_matches(name, known, n=1, cutoff=0.8):
+            continue  # another plugin's --perf... option, perhaps: pytest judges it
+        hint = f"did you mean {near[0]}?" if near else "pytest --help lists them under 'perfguard'"
+        return f"{name}: no such option; {hint}"
+    return None

@@ -776,3 +776,19 @@ def _screen(raw: str) -> list[str]:
             lines[row] = line[:col] + token + line[col + len(token) :]
             col += len(token)
     return [line.rstrip() for line in lines]
+
+
+def test_the_table_counts_the_skips_pytest_counts(project: pytest.Pytester, mode: list[str]) -> None:
+    """A shape skipped by a mark never reaches the plugin's runner: the table said "skipped 25" where pytest
+    said "88 skipped" (issue 46). Each such item is kept as a skipped record with its reason."""
+    case = _case().replace(
+        '@pytest.mark.parametrize("S", [8, 16])',
+        '@pytest.mark.parametrize("S", [8, pytest.param(16, marks=pytest.mark.skipif(True, reason="too big here"))])',
+    )
+    project.makepyfile(test_k=case)
+    result = run(project, mode, "--perfguard", "--perfguard-json", "perfguard-results.json")
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines(["*skipped 2: 2 too big here*"])
+    doc = json.loads((project.path / "perfguard-results.json").read_text())
+    skipped = sorted(r["id"] for r in doc["results"] if r["outcome"] == "skipped")
+    assert skipped == ["test_k.py::test_attn[fast-16]", "test_k.py::test_attn[other-16]"], skipped

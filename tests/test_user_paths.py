@@ -100,6 +100,21 @@ def test_a_bad_value_says_which_setting_where_from_and_what_is_expected(project:
     )
 
 
+def test_a_mistyped_option_names_the_nearest_one(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    typo = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perfguard-updat-baseline")
+    assert typo.ret == pytest.ExitCode.USAGE_ERROR
+    typo.stderr.fnmatch_lines(
+        ["*--perfguard-updat-baseline: no such option; did you mean --perfguard-update-baseline?"]
+    )
+    swapped = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perfgaurd=1")
+    swapped.stderr.fnmatch_lines(["*--perfgaurd: no such option; did you mean --perfguard?"])
+    # another plugin's --perf option, and a test argument after --, are pytest's to judge
+    other = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perf-foo")
+    assert "no such option" not in other.stderr.str()
+    assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perfguard-margin", "0.05").ret == 0
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("tb", ["long", "short", "line"])
 def test_a_raising_variant_fails_with_its_own_traceback(project: pytest.Pytester, mode: str, tb: str) -> None:

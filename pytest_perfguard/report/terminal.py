@@ -213,6 +213,21 @@ def why(r: CaseRecord) -> str:
     return "; ".join([*own, *(d for d in r.disturbances if d not in own)]) or str(r.verdict or r.outcome)
 
 
+# The default table's reason under a row that needs a look: the first thing that decided it, this long at most;
+# every reason in -v, the JSON and the item's own failure text.
+SHORT_WHY = 200
+
+
+def short_why(r: CaseRecord) -> str:
+    """One short reason: a disturbance, else what the confirmation concluded (it names the gate it judged),
+    else the first failing gate or flag; cut at SHORT_WHY characters."""
+    passed = {g.reason for g in r.gates if g.status in (Status.PASS, Status.FASTER)}
+    concluded = [x for x in r.reasons if x.startswith(("not confirmed", "confirmed in a fresh process"))]
+    first = next((x for x in [*r.disturbances, *concluded, *r.reasons] if x and x not in passed), None)
+    text = first or str(r.verdict or r.outcome)
+    return text if len(text) <= SHORT_WHY else text[: SHORT_WHY - 1].rstrip() + "…"
+
+
 def _fit(rows: list[list[str]], width: int, shrink: int) -> list[int]:
     """Column widths; column `shrink` (the shape) gives up what the line needs to fit `width`."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -299,7 +314,9 @@ def terminal_lines(
         out.append(f"needs a look ({len(look)}):")
         for r in look:
             out.append(_line(rows[r.id], widths))
-            out.extend(textwrap.wrap(f"{r.id}: {why(r)}", width, initial_indent="    ", subsequent_indent="      "))
+            out.extend(
+                textwrap.wrap(f"{r.id}: {short_why(r)}", width, initial_indent="    ", subsequent_indent="      ")
+            )
     test = None
     for r in rest:
         if r.test != test:
@@ -315,5 +332,5 @@ def terminal_lines(
         out.append(
             "host +: the eager call's cost beyond the device time (launch and host work, per call), ± its 95% CI"
         )
-    out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column and skipped row: -v")
+    out.append("MDE: the smallest slowdown the case fails on 95% of the time. Every column, reason and skipped row: -v")
     return out

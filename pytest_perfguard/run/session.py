@@ -267,7 +267,8 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
                     "were not collected in this "
                     "run (stale if the whole suite ran); remove them with --perfguard-update-baseline --perfguard-prune"
                 )
-    disturbed = disturbed_line(timed, update=s.update)
+    # In a guard the unverified cases' summary (_decided) names each disturbed case already.
+    disturbed = disturbed_line(timed, update=s.update) if s.update else ""
     if disturbed:
         out.messages.append(disturbed)
     warmup = warmup_line(state.warmups)
@@ -421,7 +422,8 @@ def _why_unverified(r: CaseRecord, margin: float) -> str:
     if r.disturbances:
         waited = next((m for n in r.notes if (m := _WAITED.match(n))), None)
         wait = f"; waited {waited[1]} s for it to end: {waited[2]}" if waited else ""
-        return "disturbed while timed: " + r.disturbances[0] + wait
+        first = r.disturbances[0] if len(r.disturbances[0]) <= 160 else r.disturbances[0][:159].rstrip() + "…"
+        return "disturbed while timed: " + first + wait
     reason = next((x for x in r.reasons if x), str(r.verdict))
     return reason if len(reason) <= 220 else reason[:217] + "..."
 
@@ -650,6 +652,11 @@ def _update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str
         f"whose spread is measured afresh), {summary.kept} kept; each case measured in {processes} process(es)"
         + (f"; {len(unverifiable)} unverifiable, not stored (see above)" if unverifiable else "")
     )
+    if summary.added or summary.updated or summary.reset:
+        out.messages.append(
+            f"perfguard: the baseline is part of the project: commit it (git add {shown(path.parent)}/), "
+            "so that CI guards against what this update measured"
+        )
     _say_wide_entries(state, path, [r.id for r in good], out)
     _say_ab_offset(path, out)
     if bad:

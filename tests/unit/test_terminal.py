@@ -185,3 +185,17 @@ def test_compare_answers_is_this_real(tmp_path: Path, capsys: pytest.CaptureFixt
         "--perfguard-case-budget 20" in out
     )
     assert "--perfguard-against 92a8e77f79ef" in out  # A's revision, for the cases B/A calls regressed or faster
+
+
+def test_a_row_that_needs_a_look_gets_one_short_reason_and_v_gets_them_all() -> None:
+    """The busy-neighbour guard on an H100 (2026-11-28): the row's reason said the disturbance twice and every
+    note after it, four lines a case. The table says the first thing that decided it, once; -v says all."""
+    raw = ROOT / "benchmarks" / "results" / "green_h100_2026-11-28" / "raw.json.xz"
+    doc = json.loads(lzma.decompress(raw.read_bytes()))["D-H100x2/neighbour_nobaseline_busy"]
+    records = [CaseRecord.from_json(r) for r in doc["results"]]
+    lines = terminal_lines(records)
+    below = [line for line in lines if re.match(r"    tests/|      \S", line)]
+    assert len(below) == 2 * 2, below  # two cases, one reason each, wrapped once at 120 columns
+    assert sum("shared with pid 844" in line for line in below) == 2
+    verbose = "\n".join(terminal_lines(records, verbose=True))
+    assert "disturbed in both measurements" in verbose and "disturbed in both measurements" not in "\n".join(lines)
