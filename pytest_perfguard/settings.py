@@ -297,7 +297,7 @@ SPECS: tuple[Spec, ...] = (
         "it stays disturbed",
     ),
     Spec("json", "path", None, "write every result to this JSON file"),
-    Spec("html", "path", None, "write a self-contained HTML report to this file"),
+    Spec("html", "path", None, "write an HTML report to this file (plotly.js in a file beside it)"),
     Spec(
         "strict", "bool", False, "fail on a missing baseline or base, an incomparable one, or an inconclusive verdict"
     ),

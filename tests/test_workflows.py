@@ -439,6 +439,7 @@ def test_act_sharded_run_merges_into_one_summary(repo_copy: Path, tmp_path: Path
     summary = (store / "perfguard-results" / "perfguard-comment.md").read_text()  # also the job summary
     assert re.search(r"^### perfguard: ", summary, re.M) and re.search(r"^\|\s*:?-{3,}", summary, re.M), summary
     assert (store / "perfguard-results" / "perfguard-report.html").is_file()
+    assert list((store / "perfguard-results").glob("perfguard-plotly-*.min.js")), "the page's plotly.js, beside it"
     with open_history(store / "perfguard-history" / "history.sqlite") as kept:  # a push to main adds each shard
         assert kept.run_count() == 2 and set(kept.case_names()) <= set(ids), _act_output(proc)
     assert not (store / "perfguard-pr").exists()  # a push has no PR to comment on

@@ -1,9 +1,10 @@
-"""A single self-contained HTML report of a results file: what failed and why, and the pictures behind it.
+"""An HTML report of a results file: what failed and why, and the pictures behind it.
 
 Plotting library: plotly, not matplotlib. A report is read in a browser to find out which of ~100 cases
 moved and why: plotly's hover names the case, the gate's reason and the numbers of every point, and its
 zoom makes block medians of short and long kernels readable in one chart. The cost is plotly.js (about
-4.8 MB), embedded once per report, so it opens offline; each figure adds only its data. Per-case figures
+4.8 MB): written once beside the reports of a folder (write_html), so a page of a small run is tens of
+kilobytes and opens offline; each figure adds only its data. Per-case figures
 are drawn when their section is opened, so a report of hundreds of cases still opens at once. matplotlib
 would give static SVGs of about the same total size for this many figures, with no way to tell which
 point is which case. plotly is an optional extra (``pip install 'pytest-perfguard[report]'``) and is
@@ -71,6 +72,16 @@ INSTALL = "pip install 'pytest-perfguard[report]'"
 
 class ReportDependencyError(RuntimeError):
     """plotly is missing; the message says what to install."""
+
+
+def plotly_script_name() -> str:
+    """The file beside a written report that holds plotly.js (write_html): named by plotly's version, so
+    reports written into one folder share it and a report never loads another version's."""
+    try:
+        from plotly import __version__
+    except ImportError:
+        raise ReportDependencyError(f"the HTML report needs {NEEDS}: {INSTALL}") from None
+    return f"perfguard-plotly-{__version__}.min.js"
 
 
 def _plotly_assets() -> tuple[str, str]:
@@ -628,9 +639,12 @@ def _figures(page: _Page, heading: str, figures: Sequence[Figure | None]) -> lis
     return [f"<h2>{_e(heading)}</h2>", *drawn] if drawn else []
 
 
-def render_html(doc: Mapping[str, Any]) -> str:
-    """The whole report as one HTML page; plotly.js is embedded once, so it opens without a network."""
+def render_html(doc: Mapping[str, Any], *, script: str | None = None) -> str:
+    """The whole report as one HTML page. plotly.js (4.8 MB) is embedded once, so the page opens without a
+    network, unless `script` names the file beside the page that holds it (write_html): then the page is
+    tens of kilobytes and still needs no network."""
     plotly_js, template = _plotly_assets()
+    plotly_tag = f'<script src="{_e(script)}"></script>' if script else f"<script>{plotly_js}</script>"
     report = build(doc)
     page = _Page()
     devices = " + ".join(str(d.get("name") or slug) for slug, d in report.devices.items()) or "unknown device"
@@ -673,7 +687,7 @@ def render_html(doc: Mapping[str, Any]) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>perfguard: {_e(counts_line(report))}</title><style>{_CSS}</style>"
-        f"<script>{plotly_js}</script></head>\n<body><main>\n"
+        f"{plotly_tag}</head>\n<body><main>\n"
         + "\n".join(s for s in sections if s)
         + f"\n</main>\n{page.scripts()}\n"
         + f"<script>var CONFIG = {config}, TEMPLATE = {template};{_JS}</script>\n</body></html>\n"
@@ -681,5 +695,14 @@ def render_html(doc: Mapping[str, Any]) -> str:
 
 
 def write_html(path: Path, doc: Mapping[str, Any]) -> None:
-    """Render and write atomically: a reader never sees half a report."""
-    write_file(Path(path), render_html(doc))
+    """Render and write atomically: a reader never sees half a report. plotly.js goes to a file of its own
+    beside the page (plotly_script_name), written once per plotly version and shared by every report in the
+    folder: embedded, it made a one-case report 4.8 MB. Keep the two files together (the workflow uploads
+    both); render_html without `script` gives the single-file page."""
+    path = Path(path)
+    name = plotly_script_name()
+    beside = path.parent / name
+    plotly_js, _ = _plotly_assets()
+    if not beside.exists() or beside.stat().st_size != len(plotly_js.encode("utf-8")):
+        write_file(beside, plotly_js)
+    write_file(path, render_html(doc, script=name))

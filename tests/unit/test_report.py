@@ -191,7 +191,12 @@ def test_write_html_is_atomic_and_names_a_missing_plotly(
     out = tmp_path / "r" / "report.html"
     html_report.write_html(out, doc)
     assert out.read_text().endswith("</html>\n")
-    assert [p.name for p in out.parent.iterdir()] == ["report.html"]  # no temp file left behind
+    script = html_report.plotly_script_name()
+    # no temp file left behind; plotly.js beside the page, once, whatever the number of reports
+    html_report.write_html(out.with_name("second.html"), doc)
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(["report.html", "second.html", script])
+    page = out.read_text()
+    assert f'<script src="{script}"></script>' in page and len(page) < 1_500_000, len(page)
     monkeypatch.setitem(sys.modules, "plotly.offline", None)
     with pytest.raises(html_report.ReportDependencyError, match=r"pip install 'pytest-perfguard\[report\]'"):
         html_report.render_html(doc)
