@@ -11,6 +11,7 @@ import subprocess
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,3 +228,24 @@ def test_unused_trees_are_evicted(repo: Path, cache: Path) -> None:
     assert not (cache / "base" / first).exists()
     assert not (cache / "base" / f"{first}.manifest.json").exists()
     assert (cache / "base" / second).is_dir()
+
+
+def test_what_git_writes_after_the_archive_end_is_read_not_cut(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tar reader stops at the archive's end marker; git may still be writing its record padding then. The
+    pipe was closed at once, git died of SIGPIPE with nothing on stderr, and a whole base tree read as "git
+    archive failed" (the README's quick start under CI's load, 2026-11-28). Here the padding comes late."""
+    sha = _git(repo, "rev-parse", "HEAD")
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(subprocess.run(["git", "archive", "--format=tar", sha], cwd=repo, capture_output=True).stdout)
+    real = subprocess.Popen
+
+    def late_padding(args: Any, *rest: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        if list(args[:2]) == ["git", "archive"]:
+            args = ["sh", "-c", f"cat '{archive}'; sleep 0.3; head -c 65536 /dev/zero"]
+        return real(args, *rest, **kwargs)
+
+    monkeypatch.setattr(ab.subprocess, "Popen", late_padding)
+    tree = ab.materialise(repo, sha)
+    assert (tree / "kern.py").read_text() == "def kern(x):\n    return x\n"

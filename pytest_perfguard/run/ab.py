@@ -448,6 +448,12 @@ def _extract(top: Path, sha: str, tree_id: str, folder: Path) -> None:
             except tarfile.TarError as exc:
                 broken = exc  # a git that failed midway: its message is the cause, if it has one
             finally:
+                # Read what git still writes after the archive's end marker (its record padding) before
+                # closing: closed early, git dies of SIGPIPE, exit -13 with nothing on stderr, and a base tree
+                # that was extracted whole read as "git archive failed" (a loaded 2-core machine, 2026-11-28).
+                with contextlib.suppress(OSError, ValueError):
+                    while proc.stdout.read(1 << 16):
+                        pass
                 proc.stdout.close()
                 code = proc.wait(timeout=600)
             if code != 0:
