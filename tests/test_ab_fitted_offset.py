@@ -152,7 +152,8 @@ def test_an_update_stores_a_readings_and_later_ab_runs_count_their_fit(
                 f"perfguard: A/B per-process offset under 20 us: {fitted.small.bound:.2%}, fitted on this device "
                 f"model: the 90% upper bound of {fitted.small.fit:.2%} from 12 A/A readings of 6 case(s) (* dof) "
                 "on 1 device(s), this one among them, *, in .ci*baselines*.json",
-                "perfguard: A/B per-process offset from 20 us: 0.10%, built-in (fitted on H100s): no A/A readings "
+                "perfguard: A/B per-process offset from 20 us: 0.10%, built-in (fitted on H100s, not on a CPU): no A/A "
+                "readings "
                 "of this size in *",
             ]
         )

@@ -100,6 +100,28 @@ def test_a_bad_value_says_which_setting_where_from_and_what_is_expected(project:
     )
 
 
+def test_a_body_that_returns_nothing_is_named_as_the_inputs_step(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_rn="""
+import torch
+from pytest_perfguard import perf_case
+
+def k(x):
+    return x * 2
+
+@perf_case(variants={"k": k}, reference=k)
+def test_none(perfguard_device):
+    x = torch.randn(8)
+"""
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*perfguard: k: making the inputs (the test's body) raised TypeError: test_none must return (args, kwargs)*"]
+    )
+    assert "requirements raised" not in result.stdout.str()
+
+
 def test_a_mistyped_option_names_the_nearest_one(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
     typo = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perfguard-updat-baseline")

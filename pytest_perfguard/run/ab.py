@@ -729,8 +729,9 @@ def use_stored_offset(
                 why = f"no baseline file {where} to fit it from"
             else:
                 why = f"no A/A readings of this size in {where}"
+            origin = "fitted on H100s" if settings.device.startswith("cuda") else "fitted on H100s, not on a CPU"
             detail = (
-                f"built-in (fitted on H100s): {why}; pytest --perfguard-update-baseline on a clean git checkout, "
+                f"built-in ({origin}): {why}; pytest --perfguard-update-baseline on a clean git checkout, "
                 "on this device, stores them"
             )
             uses.append(OffsetUse(size, spec.default, "built-in", detail))

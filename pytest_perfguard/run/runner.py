@@ -215,6 +215,7 @@ class Runner:
 
         seeds = draw_seeds(case.seeds, s.seed)
         record.seeds = seeds
+        self._stage = "making the inputs (the test's body)"
         first = make_inputs(seeds[0])
         record.workload_desc = describe_workload(first)
         record.workload = workload_hash(record.workload_desc)
