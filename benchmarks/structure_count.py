@@ -1,0 +1,114 @@
+"""The package's structure in numbers, read from the source (ast): what the "one record, one reader" step
+is measured by. Prints a table; changes nothing.
+
+    python benchmarks/structure_count.py
+
+- modules over 600 lines, by length;
+- `.get(` calls per module (every one: on record data, settings, environment or git alike; the step wants
+  them on record data only in the codec, so this is the upper bound to bring down);
+- places that read a results document's cases (`["results"]` or `.get("results"...)` on a mapping): the
+  readers of the results JSON, one wanted;
+- benchmarks/ and tests/ modules that import the package's private modules (anything but the package's top
+  level), and tests that import benchmarks/.
+Import cycles and upward imports are counted by tests/unit/test_import_graph.py (0 of each is enforced).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "pytest_perfguard"
+LONG = 600
+
+
+def _modules(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _gets(tree: ast.AST) -> int:
+    return sum(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" for n in ast.walk(tree)
+    )
+
+
+def _results_reads(tree: ast.AST) -> int:
+    """Subscripts ["results"] and .get("results", ...) calls."""
+    count = 0
+    for n in ast.walk(tree):
+        subscript = isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value == "results"
+        get = (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "get"
+            and bool(n.args)
+            and isinstance(n.args[0], ast.Constant)
+            and n.args[0].value == "results"
+        )
+        count += subscript or get
+    return count
+
+
+def _private_imports(tree: ast.AST) -> set[str]:
+    """The package's submodules a module imports (`pytest_perfguard.x...`)."""
+    found = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("pytest_perfguard."):
+            found.add(n.module)
+        elif isinstance(n, ast.Import):
+            found |= {a.name for a in n.names if a.name.startswith("pytest_perfguard.")}
+    return found
+
+
+def _imports_benchmarks(tree: ast.AST) -> bool:
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == "benchmarks":
+            return True
+        if isinstance(n, ast.Import) and any(a.name.split(".")[0] == "benchmarks" for a in n.names):
+            return True
+    return False
+
+
+def main() -> int:
+    rows = []
+    gets: Counter[str] = Counter()
+    readers: Counter[str] = Counter()
+    for path in _modules(PACKAGE):
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        name = str(path.relative_to(ROOT))
+        lines = text.count("\n")
+        if lines > LONG:
+            rows.append((lines, name))
+        gets[name] = _gets(tree)
+        if _results_reads(tree):
+            readers[name] = _results_reads(tree)
+    print(f"modules over {LONG} lines: {len(rows)}")
+    for lines, name in sorted(rows, reverse=True):
+        print(f"  {lines:5d}  {name}")
+    print(f"\n.get( calls in the package: {sum(gets.values())}; by module, the ten most:")
+    for name, n in gets.most_common(10):
+        print(f"  {n:5d}  {name}")
+    print(f"\nmodules that read a results document's cases: {len(readers)}")
+    for name, n in readers.most_common():
+        print(f"  {n:5d}  {name}")
+    for folder in ("benchmarks", "tests"):
+        private = {
+            str(p.relative_to(ROOT)): len(_private_imports(ast.parse(p.read_text(encoding="utf-8"))))
+            for p in _modules(ROOT / folder)
+        }
+        using = {k: v for k, v in private.items() if v}
+        print(f"\n{folder}/ modules importing the package's submodules: {len(using)} of {len(private)}")
+    tests_on_benchmarks = [
+        str(p.relative_to(ROOT))
+        for p in _modules(ROOT / "tests")
+        if _imports_benchmarks(ast.parse(p.read_text(encoding="utf-8")))
+    ]
+    print(f"tests/ modules importing benchmarks/: {len(tests_on_benchmarks)} {tests_on_benchmarks}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
