@@ -240,17 +240,16 @@ def _fresh_and_seen(copies: TimedCopies, rounds: int, order: random.Random) -> l
             # so any member shows it, and all of them each round made this check 7% of a large case's wall
             # time (8 members of one call each; H100, 2026-11-28).
             j = (start + k) % len(copies.members)
-            for member in (copies.members[j],):
-                indices = list(copies.copies_of(j))
-                kinds = [True, False]
-                order.shuffle(kinds)
-                for new in kinds:
-                    drawn = [copies.fresh(i)[1] for i in indices]
-                    if new:
-                        for i, made in zip(indices, drawn, strict=True):
-                            _refill(tensors[i], made)
-                    _sync(tensors[indices[0]])
-                    totals[new] += _device_ns(member())
+            member, indices = copies.members[j], list(copies.copies_of(j))
+            kinds = [True, False]
+            order.shuffle(kinds)
+            for new in kinds:
+                drawn = [copies.fresh(i)[1] for i in indices]
+                if new:
+                    for i, made in zip(indices, drawn, strict=True):
+                        _refill(tensors[i], made)
+                _sync(tensors[indices[0]])
+                totals[new] += _device_ns(member())
             ratios.append(totals[True] / totals[False] if totals[False] > 0 else 1.0)
     return ratios
 

@@ -701,8 +701,8 @@ def write_html(path: Path, doc: Mapping[str, Any]) -> None:
     both); render_html without `script` gives the single-file page."""
     path = Path(path)
     name = plotly_script_name()
+    page = render_html(doc, script=name)
     beside = path.parent / name
-    plotly_js, _ = _plotly_assets()
-    if not beside.exists() or beside.stat().st_size != len(plotly_js.encode("utf-8")):
-        write_file(beside, plotly_js)
-    write_file(path, render_html(doc, script=name))
+    if not beside.exists():  # named by plotly's version, written atomically: one there is this one
+        write_file(beside, _plotly_assets()[0])
+    write_file(path, page)

@@ -54,7 +54,7 @@ def rows(records: Iterable[CaseRecord]) -> list[list[str]]:
         if r.median_ns is None:
             why = "; ".join(r.reasons) or str(r.verdict or r.outcome)
             out.append(
-                [r.test, r.variant, _shape(r), "-", "-", "-", "-", "-", *(["-"] if ab else []), "-", _short(why)]
+                [r.test, r.variant, _shape(r), "-", "-", "-", "-", "-", *(["-"] if ab else []), "-", shorten(why)]
             )
             continue
         out.append(
@@ -112,8 +112,9 @@ AB_HEADER = "Δ vs base rev [95% CI]"
 _shape = shape_label
 
 
-def _short(text: str, n: int = 70) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+def shorten(text: str, n: int = 70) -> str:
+    """`text`, cut to `n` characters with an ellipsis where it is longer."""
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
 
 
 def table(records: Iterable[CaseRecord], fmt: str = "simple") -> str:
@@ -224,8 +225,7 @@ def short_why(r: CaseRecord) -> str:
     passed = {g.reason for g in r.gates if g.status in (Status.PASS, Status.FASTER)}
     concluded = [x for x in r.reasons if x.startswith(("not confirmed", "confirmed in a fresh process"))]
     first = next((x for x in [*r.disturbances, *concluded, *r.reasons] if x and x not in passed), None)
-    text = first or str(r.verdict or r.outcome)
-    return text if len(text) <= SHORT_WHY else text[: SHORT_WHY - 1].rstrip() + "…"
+    return shorten(first or str(r.verdict or r.outcome), SHORT_WHY)
 
 
 def _fit(rows: list[list[str]], width: int, shrink: int) -> list[int]:

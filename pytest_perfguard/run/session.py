@@ -414,6 +414,8 @@ _WAITED = re.compile(r"waited ([\d.]+) s for the disturbance to end .*: (it (?:h
 
 def _why_unverified(r: CaseRecord, margin: float) -> str:
     """One short reason a case ended unverified."""
+    from ..report.terminal import shorten
+
     if r.verdict not in (Status.INCONCLUSIVE, Status.NOT_COMPARABLE, Status.NO_BASE) and r.mde is not None:
         return (
             f"its pass could hide a slowdown of {r.mde:+.1%} (its minimum detectable effect), more than "
@@ -422,10 +424,9 @@ def _why_unverified(r: CaseRecord, margin: float) -> str:
     if r.disturbances:
         waited = next((m for n in r.notes if (m := _WAITED.match(n))), None)
         wait = f"; waited {waited[1]} s for it to end: {waited[2]}" if waited else ""
-        first = r.disturbances[0] if len(r.disturbances[0]) <= 160 else r.disturbances[0][:159].rstrip() + "…"
-        return "disturbed while timed: " + first + wait
+        return "disturbed while timed: " + shorten(r.disturbances[0], 160) + wait
     reason = next((x for x in r.reasons if x), str(r.verdict))
-    return reason if len(reason) <= 220 else reason[:217] + "..."
+    return shorten(reason, 220)
 
 
 def _decided(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> None:
