@@ -18,6 +18,7 @@ from ..judge import baseline as bl
 from ..judge.policy import case_offset, could_hide, judged_margin
 from ..judge.stats import relative_half_width
 from ..judge.verdict import (
+    STRADDLES,
     UNCHECKED_FASTER,
     Verdict,
     ab_gate,
@@ -277,7 +278,7 @@ class TimedStep:
         minimum detectable effect is past policy.MDE_MARGINS margins (a fresh H100's guard left one such case
         unverified, MDE 10.2% against a 10% limit, with no second look; 2026-11-28)."""
         gates = verdict.deciding_gates()
-        if any(g.status is Status.INCONCLUSIVE and "straddles" in g.reason for g in gates):
+        if any(g.status is Status.INCONCLUSIVE and STRADDLES in g.reason for g in gates):
             return True
         if verdict.status is not Status.PASS:
             return False
