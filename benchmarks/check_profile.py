@@ -126,6 +126,7 @@ class Profiler:
 
         self._patch(integrity, "judge_output", judge)
         self._patch(integrity, "modified_input", steps.wrap("input unchanged?", integrity.modified_input))
+        self._patch(integrity, "screened", steps.wrap("screen (queued)", integrity.screened))
         self._patch(correctness.Oracle, "matches", steps.wrap("oracle matches?", correctness.Oracle.matches))
         for name, step in (
             ("timed_outputs", "last timed output"),

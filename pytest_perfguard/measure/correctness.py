@@ -266,6 +266,76 @@ def _plain_tensor(out: Any, seed: int) -> None:
         )
 
 
+def _reference_outputs(
+    inputs: Inputs, reference: Callable[..., Any], upcast: Inputs | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The reference on float64 copies of `inputs` (as float64, on the inputs' device) and on clones of them
+    as they are (None where that native path has no kernel or returns no tensor). Queued, never synchronised."""
+    if upcast is None:
+        upcast = _map_inputs(inputs, _upcast)
+    device = tensors_of(inputs)[0][1].device
+    ref = reference(*upcast[0], **upcast[1])
+    if not isinstance(ref, torch.Tensor):
+        raise CorrectnessFailure(f"the reference returned {type(ref).__name__}, expected a torch.Tensor")
+    native: torch.Tensor | None
+    try:
+        native_out = reference(*_map_inputs(inputs, lambda t: t.detach().clone())[0], **inputs[1])
+        native = native_out if isinstance(native_out, torch.Tensor) else None
+    except Exception:  # some reference paths have no native half-precision kernel on some devices
+        native = None
+    return ref.detach().to(torch.float64).to(device), native
+
+
+def screened(
+    out: Any,
+    inputs: Inputs,
+    reference: Callable[..., Any],
+    overrides: Sequence[Mapping[Any, Mapping[str, float]] | None],
+    before: Sequence[tuple[str, torch.Tensor]],
+) -> torch.Tensor | None:
+    """judge_output's rules, and modified_input's against `before`, queued on the device with no
+    synchronisation: a 0-dim bool tensor that is True only where both would pass, or None where the output is
+    not one that could be judged there (not a plain tensor of the reference's shape, dtype and device; empty).
+    Stricter than judge_output, never looser: every element finite in output and reference alike, the
+    native-precision bound without its half ulp, the atol/rtol backstop, the inputs bit-equal. A False is
+    only a reason to judge the output in full, which says what is wrong or passes it; the timed-copy check
+    (integrity.every_copy) reads all its copies' screens in one transfer instead of a dozen per copy."""
+    if type(out) is not torch.Tensor or out.numel() == 0:
+        return None
+    tensors = tensors_of(inputs)
+    floats = [t for _, t in tensors if t.is_floating_point()]
+    device = tensors[0][1].device
+    r, native = _reference_outputs(inputs, reference)
+    expected = native.dtype if native is not None else (floats[0].dtype if floats else tensors[0][1].dtype)
+    if tuple(out.shape) != tuple(r.shape) or out.dtype != expected or out.device != device:
+        return None
+    tol = resolve_tolerance(expected, overrides)
+    native_on = tol.native_factor is not None and native is not None and tuple(native.shape) == tuple(r.shape)
+    ok = torch.ones((), dtype=torch.bool, device=device)
+    worst = torch.zeros((), dtype=torch.float64, device=device)
+    native_worst = torch.zeros((), dtype=torch.float64, device=device)
+    o_all, r_all = out.detach().reshape(-1), r.reshape(-1)
+    n_all = native.detach().reshape(-1) if native_on and native is not None else None
+    for start in range(0, r_all.numel(), JUDGE_CHUNK):
+        o = o_all[start : start + JUDGE_CHUNK].to(torch.float64)
+        ref = r_all[start : start + JUDGE_CHUNK]
+        ok &= torch.isfinite(o).all() & torch.isfinite(ref).all()
+        diff = (o - ref).abs_()
+        ok &= ~(diff > ref.abs().mul_(tol.rtol).add_(tol.atol)).any()
+        worst = torch.maximum(worst, diff.max())
+        if n_all is not None:
+            nd = (n_all[start : start + JUDGE_CHUNK].to(torch.float64) - ref).abs_()
+            native_worst = torch.maximum(native_worst, nd.max())
+    if native_on and tol.native_factor is not None:
+        # NaN in either maximum (a non-finite element) makes the comparison False: judged in full
+        ok &= worst <= tol.native_factor * native_worst + FA_EPSILON
+    for (_, b), (_, a) in zip(before, tensors, strict=True):
+        if b.shape != a.shape:
+            return None
+        ok &= (b == a.detach()).all()
+    return ok
+
+
 def oracle_of(
     inputs: Inputs,
     reference: Callable[..., Any],
@@ -275,20 +345,9 @@ def oracle_of(
     values: list[tuple[str, torch.Tensor]] | None = None,
 ) -> Oracle:
     """The reference on float64 copies of `inputs`, and the error of the reference run on them as they are."""
-    if upcast is None:
-        upcast = _map_inputs(inputs, _upcast)
     tensors = tensors_of(inputs)
     device = tensors[0][1].device
-    ref = reference(*upcast[0], **upcast[1])
-    if not isinstance(ref, torch.Tensor):
-        raise CorrectnessFailure(f"the reference returned {type(ref).__name__}, expected a torch.Tensor")
-    r = ref.detach().to(torch.float64).to(device)
-    native: torch.Tensor | None
-    try:
-        native_out = reference(*_map_inputs(inputs, lambda t: t.detach().clone())[0], **inputs[1])
-        native = native_out if isinstance(native_out, torch.Tensor) else None
-    except Exception:  # some reference paths have no native half-precision kernel on some devices
-        native = None
+    r, native = _reference_outputs(inputs, reference, upcast)
     native_err: float | None = None
     if native is not None and tuple(native.shape) == tuple(r.shape):
         nd = (native.detach().to(torch.float64).to(device) - r).abs()

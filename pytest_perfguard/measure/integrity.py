@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from . import peaks, timing
-from .correctness import CorrectnessFailure, Inputs, Oracle, judge_output, modified_input, tensors_of
+from .correctness import CorrectnessFailure, Inputs, Oracle, judge_output, modified_input, screened, tensors_of
 
 Overrides = Sequence[Any]
 
@@ -190,8 +190,17 @@ def every_copy(copies: TimedCopies, reference: Callable[..., Any], overrides: Ov
                 if isinstance(out, torch.Tensor) and out.is_floating_point():
                     out.fill_(math.nan)
             member()
+            # One transfer for the whole member's screens (correctness.screened); a copy the screen does not
+            # pass is judged in full below, which names what is wrong or passes it.
+            screens = {
+                i: screened(copies.outputs.get(i), copies.inputs[i], reference, overrides, new[i][1]) for i in indices
+            }
+            kept = {i: t for i, t in screens.items() if t is not None}
+            passed = dict(zip(kept, torch.stack(list(kept.values())).tolist(), strict=True)) if kept else {}
             _sync(tensors[indices[0]])
             for i in indices:
+                if passed.get(i, False):
+                    continue
                 seed, values = new[i]
                 where = f"input copy {i + 1} of {n} (seed {seed})"
                 changed = modified_input(values, tensors[i])

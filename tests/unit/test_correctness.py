@@ -8,7 +8,13 @@ import math
 import pytest
 import torch
 
-from pytest_perfguard.measure.correctness import CorrectnessFailure, judge_output, modified_input, oracle_of
+from pytest_perfguard.measure.correctness import (
+    CorrectnessFailure,
+    judge_output,
+    modified_input,
+    oracle_of,
+    screened,
+)
 
 
 def rowsum(x: torch.Tensor) -> torch.Tensor:
@@ -86,3 +92,53 @@ def test_an_input_is_modified_only_if_its_values_changed() -> None:
     scaled[0, 0] *= 2  # in-place scaling of one element
     assert modified_input([("x", x.clone()), ("m", nan.clone())], [("x", x), ("m", scaled)]) == "m"
     assert modified_input([("x", x.clone())], [("x", x[:2])]) == "x"
+
+
+def _sdpa_half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def _wrong_outputs(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+    """Outputs a cheat leaves behind, each wrong in one way judge_output knows."""
+    ref = oracle_of((inputs, {}), _sdpa_half, seed=0).ref
+    err = (out.double() - ref).abs().max().item()
+    off_native = out.double().clone()
+    off_native.view(-1)[7] = ref.view(-1)[7] + 4.0 * max(err, 1e-3)  # past the native bound, within atol/rtol?
+    stale = torch.roll(out, 1, dims=-2)
+    one_nan = out.clone()
+    one_nan.view(-1)[3] = math.nan
+    half_done = out.clone()
+    half_done[..., : out.shape[-2] // 2, :] = 0
+    return {
+        "off_native": off_native.to(out.dtype),
+        "stale": stale,
+        "one_nan": one_nan,
+        "half_done": half_done,
+        "float64": out.double(),
+        "shape": out[..., :-1, :],
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_device_screen_never_passes_what_the_full_judgement_fails(dtype: torch.dtype) -> None:
+    """correctness.screened is what lets the timed-copy check read all its copies at once: it may send a
+    correct output to the full judgement, never pass a wrong one. Every way of being wrong here fails the
+    full judgement and is not passed by the screen; an honest output passes both; an input changed in place
+    is not passed."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 64, 32, generator=g).to(dtype) for _ in range(3))
+    inputs = (q, k, v)
+    before = [(n, t.clone()) for n, t in zip("qkv", inputs, strict=True)]
+    honest = _sdpa_half(*inputs)
+    ok = screened(honest, (inputs, {}), _sdpa_half, [], before)
+    assert ok is not None and bool(ok)
+    judge_output(honest, (inputs, {}), _sdpa_half, [], seed=0)
+    for name, wrong in _wrong_outputs(honest, inputs).items():
+        with pytest.raises(CorrectnessFailure):
+            judge_output(wrong, (inputs, {}), _sdpa_half, [], seed=0)
+        got = screened(wrong, (inputs, {}), _sdpa_half, [], before)
+        assert got is None or not bool(got), name
+    changed = [(n, t.clone()) for n, t in before]
+    changed[1][1].view(-1)[0] += 1
+    got = screened(honest, (inputs, {}), _sdpa_half, [], changed)
+    assert got is not None and not bool(got)
