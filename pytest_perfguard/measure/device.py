@@ -33,7 +33,7 @@ MODE_NAMES = {"cuda-graph": "CUDA graph replay", "cuda-stream": "stream launches
 # How a CUDA case is timed (timing._CudaGraphSample), stored with every entry: figures taken another way are
 # not compared. Entries from before the key timed each replay from an idle stream, so their small cases carry
 # the host's launch latency divided by the calls per sample, and their long ones one input placement.
-CUDA_TIMING = "cuda graph, stream held, 8+ input copies"
+CUDA_TIMING = "cuda graph, stream held, 8+ input copies, each in every block"
 UNHELD_TIMING = "cuda graph, stream idle"
 
 

@@ -666,6 +666,12 @@ def _size(
         # Recaptures do not replace this: the allocator hands a recapture the blocks it just freed, and an
         # update's A/A processes, recapturing every two blocks, both read that case at 1.19 ms (host G there).
         placements = max(1, min(math.ceil(MIN_COPIES / reps), cfg.max_copy_bytes // max(reps * bytes_per_copy, 1)))
+        # Every block takes every placement alike (a whole number of rotations), so that no block's median
+        # depends on which placements it met. With 5 samples a block over 8 placements, the blocks of that
+        # case read 1.09 or 1.21 ms by the run of slow placements they met, the share of slow blocks changed
+        # with each measurement's allocations (1/8 to 1/2), and so did the Hodges-Lehmann estimate: +4.7%
+        # against an update that met few slow ones, on an unchanged kernel (H200, 2026-11-28).
+        spb = placements * max(1, math.ceil(spb / placements))
     return _Size(reps, spb, min_blocks, every, placements)
 
 

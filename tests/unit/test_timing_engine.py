@@ -442,6 +442,25 @@ def test_a_long_kernel_is_timed_over_several_placements_not_the_first_one_alone(
     assert aa.time.estimate == pytest.approx(1_100_000.0, rel=0.001)
 
 
+def test_every_block_takes_every_placement_so_the_estimate_does_not_follow_the_slow_ones() -> None:
+    """cuda_scalar S2048 causal on a fresh H200 (2026-11-28): 1.09 ms on most placements, 1.21 ms on some.
+    With 5 samples a block over 8 placements, a block's median depended on the run of placements it met; one
+    measurement with three slow placements in a row read a slow block in three of eight and a Hodges-Lehmann
+    estimate +4.7% above an update whose processes met fewer, on an unchanged kernel. With every placement
+    in every block, the blocks read alike and the estimate is the speed most placements give, whichever of
+    them are slow."""
+    clock = FakeClock()
+    timer = LaunchBoundTimer(clock, launch_ns=0.0, replay_ns=0.0)
+    cfg = MeasureConfig(target=0.5, budget_s=1.0)
+    estimates = []
+    for slow in (set(), {1}, {0, 1, 3}, {2, 3, 4}, {0, 2, 4}):
+        m = measure(placed_kernel(clock, 1_090_000.0, slow), None, timer, cfg, rng=random.Random(6))
+        assert m.samples_per_block % MIN_COPIES == 0
+        assert max(m.variant_blocks) == pytest.approx(min(m.variant_blocks), rel=1e-6), slow  # blocks alike
+        estimates.append(m.time.estimate)
+    assert max(estimates) == pytest.approx(1_090_000.0, rel=1e-6)
+
+
 def test_a_call_whose_workspace_fills_the_copy_budget_keeps_one_placement() -> None:
     """torch_hybrid at S4096: 192 MB of inputs, and each captured call keeps 8 GB of scores in its graph's
     pool. Counted by its inputs it got five placements per side, and three sides of those ran an H100 out of
