@@ -224,6 +224,9 @@ def short_why(r: CaseRecord) -> str:
     else the first failing gate or flag; cut at SHORT_WHY characters."""
     passed = {g.reason for g in r.gates if g.status in (Status.PASS, Status.FASTER)}
     concluded = [x for x in r.reasons if x.startswith(("not confirmed", "confirmed in a fresh process"))]
+    if r.decision == "unverified" and not r.disturbances and r.verdict in (Status.PASS, Status.FASTER) and r.mde:
+        # every gate passed: what is wrong is the pass's power, not a gate (session._why_unverified)
+        concluded.insert(0, f"its pass could hide a slowdown of {r.mde:+.1%} (its minimum detectable effect)")
     first = next((x for x in [*r.disturbances, *concluded, *r.reasons] if x and x not in passed), None)
     return shorten(first or str(r.verdict or r.outcome), SHORT_WHY)
 

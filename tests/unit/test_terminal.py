@@ -199,3 +199,20 @@ def test_a_row_that_needs_a_look_gets_one_short_reason_and_v_gets_them_all() -> 
     assert sum("shared with pid 844" in line for line in below) == 2
     verbose = "\n".join(terminal_lines(records, verbose=True))
     assert "disturbed in both measurements" in verbose and "disturbed in both measurements" not in "\n".join(lines)
+
+
+def test_a_pass_that_could_hide_twice_its_margin_says_so_in_its_row() -> None:
+    """A fresh H200's guard (2026-11-28): cuda_scalar S2048 causal passed every gate and was unverified, its
+    MDE 14.6% past twice its 7.2% margin; its row said "undecided: measured 2 more time(s)", a note, not why.
+    The row now names the MDE, as the unverified summary does."""
+    raw = ROOT / "benchmarks" / "results" / "green_h200_2026-11-28b" / "raw_hostH.tar.xz"
+    with tarfile.open(raw) as tar:
+        member = tar.extractfile("raw/guard3.json")
+        assert member is not None
+        doc = json.loads(member.read())
+    records = [CaseRecord.from_json(r) for r in doc["results"]]
+    weak = [r for r in records if r.decision == "unverified"]
+    assert [r.id.rsplit("[", 1)[1] for r in weak] == ["cuda_scalar-S2048-causal]"]
+    text = " ".join(" ".join(line.split()) for line in terminal_lines(records))
+    assert "its pass could hide a slowdown of +14.6% (its minimum detectable effect)" in text
+    assert "undecided: measured 2 more" not in text
