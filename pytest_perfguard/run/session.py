@@ -412,14 +412,21 @@ def _judged_margin(state: SessionState, r: CaseRecord) -> float:
 _WAITED = re.compile(r"waited ([\d.]+) s for the disturbance to end .*: (it (?:had not )?ended)$")
 
 
-def _why_unverified(r: CaseRecord, margin: float) -> str:
-    """One short reason a case ended unverified."""
+def _why_unverified(r: CaseRecord, margin: float, stored: bl.BaselineEntry | None = None) -> str:
+    """One short reason a case ended unverified; for a pass past the MDE ceiling, the stored processes'
+    spread where that is what sets it (a process-level mode of the kernel: more blocks do not move it)."""
     from ..report.terminal import shorten
 
     if r.verdict not in (Status.INCONCLUSIVE, Status.NOT_COMPARABLE, Status.NO_BASE) and r.mde is not None:
+        spread = (
+            f"; the baseline's {stored.runs} processes differ by {math.expm1(stored.noise):.1%} (sd), which more "
+            "blocks here cannot narrow"
+            if stored is not None and stored.runs >= 2 and stored.noise > 0
+            else ""
+        )
         return (
             f"its pass could hide a slowdown of {r.mde:+.1%} (its minimum detectable effect), more than "
-            f"{MDE_MARGINS:g}x the {margin:.1%} margin it was judged at"
+            f"{MDE_MARGINS:g}x the {margin:.1%} margin it was judged at{spread}"
         )
     if r.disturbances:
         waited = next((m for n in r.notes if (m := _WAITED.match(n))), None)
@@ -454,9 +461,10 @@ def _decided(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> N
     if not unverified:
         return
     allowed = allowance(s.allow_unverified, len(timed))
-    shown_ids = "\n".join(f"  {r.id}: {_why_unverified(r, _judged_margin(state, r))}" for r in unverified[:20]) + (
-        f"\n  ... and {len(unverified) - 20} more" if len(unverified) > 20 else ""
-    )
+    entries = state.baseline.cases if state.baseline is not None and not s.update else {}
+    shown_ids = "\n".join(
+        f"  {r.id}: {_why_unverified(r, _judged_margin(state, r), entries.get(r.id))}" for r in unverified[:20]
+    ) + (f"\n  ... and {len(unverified) - 20} more" if len(unverified) > 20 else "")
     advice = (
         "measure on a quiet machine; record the baseline on this runner (pytest --perfguard-update-baseline); "
         "or compare head and base in one process, which cancels the machine (--perfguard-against origin/main)"

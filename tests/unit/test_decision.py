@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_perfguard.judge.baseline import BaselineEntry, ProcessSample
 from pytest_perfguard.judge.policy import MDE_MARGINS, allowance, decision
+from pytest_perfguard.record import CaseRecord, Status
+from pytest_perfguard.run.session import _why_unverified
 
 
 @pytest.mark.parametrize("verdict", ["inconclusive", "not comparable", "no base", None])
@@ -52,3 +55,22 @@ def test_a_disturbed_case_says_who_disturbed_it_and_how_long_it_waited() -> None
     assert _why_unverified(r, 0.05) == f"disturbed while timed: {busy}; waited 30.0 s for it to end: it had not ended"
     r.notes = []
     assert _why_unverified(r, 0.05) == f"disturbed while timed: {busy}"
+
+
+def test_a_pass_past_the_mde_ceiling_names_the_stored_spread_that_sets_it() -> None:
+    """A fresh H200 (2026-11-28): cuda_scalar S2048 causal read 1.105-1.110 ms in three of the update's five
+    processes and 1.049-1.050 ms in two; every guard's pass had an MDE of 14.5% against twice its 7.2% margin,
+    and measuring more could not change it. The summary says what sets it: the processes' spread."""
+    entry = BaselineEntry.from_samples(
+        "t::c",
+        [ProcessSample(t, (t, t)) for t in (1106.9e3, 1109.3e3, 1048.8e3, 1049.8e3, 1110.4e3)],
+        workload="w",
+        workload_desc="",
+        env={},
+        updated="",
+    )
+    record = CaseRecord(id="t::c", test="t", variant="v", verdict=Status.PASS, mde=0.146)
+    why = _why_unverified(record, 0.072, entry)
+    assert why.startswith("its pass could hide a slowdown of +14.6% (its minimum detectable effect), more than 2x")
+    assert "the baseline's 5 processes differ by 3.1% (sd), which more blocks here cannot narrow" in why
+    assert "processes differ" not in _why_unverified(record, 0.072, None)
