@@ -670,8 +670,10 @@ def _size(
         # depends on which placements it met. With 5 samples a block over 8 placements, the blocks of that
         # case read 1.09 or 1.21 ms by the run of slow placements they met, the share of slow blocks changed
         # with each measurement's allocations (1/8 to 1/2), and so did the Hodges-Lehmann estimate: +4.7%
-        # against an update that met few slow ones, on an unchanged kernel (H200, 2026-11-28).
-        spb = placements * max(1, math.ceil(spb / placements))
+        # against an update that met few slow ones, on an unchanged kernel (H200, 2026-11-28). Within the
+        # budget: where whole rotations do not fit it, as many as do, else the samples it allows.
+        up, down = placements * math.ceil(spb / placements), placements * (spb // placements)
+        spb = up if up * min_blocks * per_block_ns <= budget_ns else (down or spb)
     return _Size(reps, spb, min_blocks, every, placements)
 
 

@@ -219,6 +219,12 @@ def why(r: CaseRecord) -> str:
 SHORT_WHY = 200
 
 
+def weak_pass(mde: float) -> str:
+    """Why a pass with this minimum detectable effect is unverified (policy.could_hide), in the row and in
+    the run's summary of unverified cases."""
+    return f"its pass could hide a slowdown of {mde:+.1%} (its minimum detectable effect)"
+
+
 def short_why(r: CaseRecord) -> str:
     """One short reason: a disturbance, else what the confirmation concluded (it names the gate it judged),
     else the first failing gate or flag; cut at SHORT_WHY characters."""
@@ -226,7 +232,7 @@ def short_why(r: CaseRecord) -> str:
     concluded = [x for x in r.reasons if x.startswith(("not confirmed", "confirmed in a fresh process"))]
     if r.decision == "unverified" and not r.disturbances and r.verdict in (Status.PASS, Status.FASTER) and r.mde:
         # every gate passed: what is wrong is the pass's power, not a gate (session._why_unverified)
-        concluded.insert(0, f"its pass could hide a slowdown of {r.mde:+.1%} (its minimum detectable effect)")
+        concluded.insert(0, weak_pass(r.mde))
     first = next((x for x in [*r.disturbances, *concluded, *r.reasons] if x and x not in passed), None)
     return shorten(first or str(r.verdict or r.outcome), SHORT_WHY)
 

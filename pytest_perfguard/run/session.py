@@ -415,7 +415,7 @@ _WAITED = re.compile(r"waited ([\d.]+) s for the disturbance to end .*: (it (?:h
 def _why_unverified(r: CaseRecord, margin: float, stored: bl.BaselineEntry | None = None) -> str:
     """One short reason a case ended unverified; for a pass past the MDE ceiling, the stored processes'
     spread where that is what sets it (a process-level mode of the kernel: more blocks do not move it)."""
-    from ..report.terminal import shorten
+    from ..report.terminal import shorten, weak_pass
 
     if r.verdict not in (Status.INCONCLUSIVE, Status.NOT_COMPARABLE, Status.NO_BASE) and r.mde is not None:
         spread = (
@@ -424,10 +424,7 @@ def _why_unverified(r: CaseRecord, margin: float, stored: bl.BaselineEntry | Non
             if stored is not None and stored.runs >= 2 and stored.noise > 0
             else ""
         )
-        return (
-            f"its pass could hide a slowdown of {r.mde:+.1%} (its minimum detectable effect), more than "
-            f"{MDE_MARGINS:g}x the {margin:.1%} margin it was judged at{spread}"
-        )
+        return f"{weak_pass(r.mde)}, more than {MDE_MARGINS:g}x the {margin:.1%} margin it was judged at{spread}"
     if r.disturbances:
         waited = next((m for n in r.notes if (m := _WAITED.match(n))), None)
         wait = f"; waited {waited[1]} s for it to end: {waited[2]}" if waited else ""

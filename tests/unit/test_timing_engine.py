@@ -461,6 +461,16 @@ def test_every_block_takes_every_placement_so_the_estimate_does_not_follow_the_s
     assert max(estimates) == pytest.approx(1_090_000.0, rel=1e-6)
 
 
+def test_whole_rotations_a_block_stay_within_the_case_budget() -> None:
+    """A slow kernel on a slow GPU: the budget allows four samples a block of a 1 ms call over 8 placements.
+    Whole rotations (8 a block) would take twice the budget; the block keeps the four it allows."""
+    clock = FakeClock()
+    timer = LaunchBoundTimer(clock, launch_ns=0.0, replay_ns=0.0)
+    cfg = MeasureConfig(target=0.5, budget_s=0.05)
+    m = measure(placed_kernel(clock, 1_000_000.0, set()), None, timer, cfg, rng=random.Random(6))
+    assert m.reps == 1 and m.samples_per_block == 4
+
+
 def test_a_call_whose_workspace_fills_the_copy_budget_keeps_one_placement() -> None:
     """torch_hybrid at S4096: 192 MB of inputs, and each captured call keeps 8 GB of scores in its graph's
     pool. Counted by its inputs it got five placements per side, and three sides of those ran an H100 out of
