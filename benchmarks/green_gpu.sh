@@ -18,6 +18,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2207
 PLUGIN=($(python benchmarks/_plugin.py))  # -p pytest_perfguard.plugin where the package is not installed
 BL=${BL:-"$OUT/raw/baselines"}
+# The plugin creates the baseline folder but not a missing parent (a mistyped path would create a tree); on a
+# fresh machine the ignored benchmarks/out is not there yet, and an update would store nothing.
+mkdir -p "$(dirname "$BL")"
 XDIST=${XDIST:-0}
 {
   date -u

@@ -211,6 +211,20 @@ def _centre_ci(mean: float, sd: float, k: int) -> tuple[float, float]:
     return (math.exp(mean - half), math.exp(mean + half))
 
 
+def in_run_half_width(samples: Sequence[ProcessSample]) -> float:
+    """The processes' typical in-run 95% half-width of their medians (log scale, the wider side): the median
+    over the samples; what a guard measuring as they did will see (policy.detectable_margin)."""
+    widths = sorted(
+        max(math.log(x.median_ns / x.ci_ns[0]), math.log(x.ci_ns[1] / x.median_ns), 0.0)
+        for x in samples
+        if x.ci_ns[0] > 0 and x.median_ns > 0
+    )
+    if not widths:
+        return 0.0
+    mid = len(widths) // 2
+    return widths[mid] if len(widths) % 2 else 0.5 * (widths[mid - 1] + widths[mid])
+
+
 @dataclass(frozen=True)
 class BaselineEntry:
     """The stored timing of one perf case on one device model: a sample of process medians and the
@@ -257,6 +271,11 @@ class BaselineEntry:
         """The geometric mean of the processes' eager-call ratios to the reference; None where none has one."""
         got = [x.host_ratio for x in self.samples if x.host_ratio is not None]
         return math.exp(math.fsum(math.log(x) for x in got) / len(got)) if got else None
+
+    @property
+    def half_width(self) -> float:
+        """Its processes' typical in-run 95% half-width (in_run_half_width)."""
+        return in_run_half_width(self.samples)
 
     @property
     def aa_readings(self) -> list[tuple[float, float]]:
@@ -798,7 +817,7 @@ class UpdateSummary:
 def entry_threshold(entry: BaselineEntry, margin: float, noise_floor: float, noise_k: float = NOISE_K) -> float:
     """The guard's threshold (a fraction) for a case against this entry: the prediction bound of its
     sample (policy.sample_threshold), never below the margin."""
-    return sample_threshold(margin, entry.noise, entry.runs, noise_floor, noise_k)
+    return sample_threshold(margin, entry.noise, entry.runs, noise_floor, noise_k, half_width=entry.half_width)
 
 
 def change_limit(old: BaselineEntry, change_threshold: float, noise_floor: float, noise_k: float) -> float:

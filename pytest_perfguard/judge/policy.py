@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .stats import chi2_quantile, t_quantile
+from .stats import chi2_quantile, normal_quantile, t_quantile
 
 # Between-process noise floors (sd of ln time across processes), measured per device kind: see
 # benchmarks/results/README.md. CPU: a shared 2-core machine moved absolute times by tens of percent.
@@ -88,6 +88,9 @@ WIDE_INTERVAL = 0.25
 WIDE_MARGIN = 0.5
 # The probability of catching a slowdown at which the minimum detectable effect is reported.
 MDE_POWER = 0.95
+# The decision level an entry's detectable margin is planned at (detectable_margin): a guard of m cases decides
+# at 1 - 0.1 / m (verdict.Policy.decision_confidence), 0.999 for the hundred cases of a typical suite.
+DETECT_CONFIDENCE = 0.999
 # A batch's fresh process measures for at most this many times what its cases' measurement took in this
 # process, plus one case's budget for that process's own warm-up; a case past the bound is not measured
 # there, and its regression stands, saying so (confirm.Batch).
@@ -138,6 +141,38 @@ def prior_spread(spreads: Sequence[float]) -> float:
     return _median(values) if values else 0.0
 
 
+def detectable_margin(spread: float, k: int, half_width: float, noise_floor: float) -> float:
+    """The narrowest margin T (a fraction) at which a guard process still sees a slowdown of M = MDE_MARGINS
+    times T (verdict.minimum_detectable_effect with a confirmation, at the decision level of a suite of about a
+    hundred cases, DETECT_CONFIDENCE); inf where no margin can.
+
+    With b = max(spread, floor) * sqrt(1 + 1/k) the between-process sd against the stored centre, h the guard's
+    in-run half-width at that level and s = h / z its sd, the MDE is (1 + T) e^c - 1 with c = h + z_p *
+    sqrt(s^2 + b^2), at most M T where T >= (e^c - 1) / (M - e^c). More blocks narrow h; nothing in one process
+    narrows b: on a fresh H200 (2026-11-28) cuda_scalar B8 H16 S4096, stored spread 2.1% under a 5% margin, read
+    an MDE of 10.003-10.017% against the 10% ceiling in three guards, every pass unverified. The guard's h is
+    planned as the wider of the processes' in-run 95% half-width (``half_width``) and their spread (k >= 2): a
+    process can move between the modes the update's processes sat in. Planned at the update's in-run width alone (0.1%),
+    cuda_scalar S2048 causal, whose processes read 1.09 or 1.15 ms, met the ceiling to the fourth digit in the
+    guards that sat in one mode and missed it in those that read +2.3% in-run (H200, 2026-11-28)."""
+    b = max(spread, noise_floor) * math.sqrt(1.0 + 1.0 / min(max(k, 1), MAX_SAMPLES))
+    z = normal_quantile(0.5 + DETECT_CONFIDENCE / 2.0)
+    # one process has no spread of its own (its noise is the floor or a stored guess): no modes to move between
+    h = (max(half_width, spread) if k >= 2 else half_width) * z / normal_quantile(0.975)
+    c = h + normal_quantile(math.sqrt(MDE_POWER)) * math.hypot(h / z, b)
+    if c >= math.log(MDE_MARGINS):
+        return math.inf
+    return math.expm1(c) / (MDE_MARGINS - math.exp(c))
+
+
+def _widened(margin: float, detectable: float) -> float:
+    """The margin widened to the detectable one, up to WIDE_MARGIN. Past it the spread widens nothing: the
+    detectable margin grows without bound as the spread nears what no margin can see past (an entry of two
+    speeds 1.3x apart on a CPU read 367%, and an update 3x slower then joined it as the same kernel), a gate
+    that wide guards nothing, and a pass of it stays unverified by its MDE instead."""
+    return max(margin, detectable) if detectable <= WIDE_MARGIN else margin
+
+
 def sample_threshold(
     margin: float,
     spread: float,
@@ -145,10 +180,15 @@ def sample_threshold(
     noise_floor: float,
     noise_k: float = NOISE_K,
     prior: float = 0.0,
+    half_width: float | None = None,
 ) -> float:
     """The threshold (a fraction) of an entry of k process medians with between-process sd ``spread``: the
     prediction bound (the spread moderated by the file's typical one, never below the floor), never below
-    the margin; the k = 1 fallback below two."""
+    the margin; the k = 1 fallback below two. With its processes' in-run 95% half-width ``half_width`` (log
+    scale; a stored entry's, as the guard judges it), the margin is never below what one process can detect
+    (detectable_margin); without, the prediction bound alone (whether the spread can judge at all)."""
+    if half_width is not None:
+        margin = _widened(margin, detectable_margin(spread, k, half_width, noise_floor))
     if k < 2:
         return case_threshold(margin, spread, noise_floor, noise_k)
     sd, dof = moderated_spread(spread, k, prior)
@@ -165,8 +205,9 @@ def log_spread(values: Sequence[float]) -> float:
 
 
 def medians_threshold(margin: float, medians: Sequence[float], noise_floor: float, prior: float = 0.0) -> float:
-    """The threshold an entry of these process medians will be judged at (sample_threshold, with the file's
-    typical spread ``prior``)."""
+    """The prediction-bound threshold of an entry of these process medians (sample_threshold, with the file's
+    typical spread ``prior``): what decides whether their spread can judge a regression at all (too_wide). The
+    guard's margin adds what one process can detect (detectable_margin, from the stored in-run widths)."""
     return sample_threshold(margin, log_spread(medians), len(medians), noise_floor, prior=prior)
 
 
@@ -336,11 +377,20 @@ CONFIRM_PROCESSES = 2
 
 
 def mean_threshold(
-    margin: float, spread: float, k: int, noise_floor: float, m: int = CONFIRM_PROCESSES, prior: float = 0.0
+    margin: float,
+    spread: float,
+    k: int,
+    noise_floor: float,
+    m: int = CONFIRM_PROCESSES,
+    prior: float = 0.0,
+    half_width: float | None = None,
 ) -> float:
     """The threshold (a fraction) for the mean of m new processes against an entry of k >= 2 process medians
     with between-process sd ``spread``: sample_threshold's rule with sqrt(1/m + 1/k) in place of
-    sqrt(1 + 1/k), never below the margin. Below two stored processes there is no spread to predict from."""
+    sqrt(1 + 1/k), never below the margin (nor, given ``half_width``, what one process can detect, as there).
+    Below two stored processes there is no spread to predict from."""
+    if half_width is not None:
+        margin = _widened(margin, detectable_margin(spread, k, half_width, noise_floor))
     sd, dof = moderated_spread(spread, k, prior)
     return max(margin, math.expm1(mean_prediction_bound(max(sd, noise_floor), k, m, dof=dof)))
 

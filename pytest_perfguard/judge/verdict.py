@@ -53,6 +53,7 @@ from .policy import (
     NOISE_K,
     REFERENCE_BAND,
     case_threshold,
+    mean_threshold,
     medians_threshold,
     sample_threshold,
 )
@@ -102,22 +103,34 @@ class Policy:
         (autotuning, placement), which the stored noise carries."""
         return case_threshold(self.margin, noise, self.ratio_noise_floor, self.noise_k)
 
+    def _made_of(self, entry: BaselineEntry, gate: str) -> tuple[float, float, float]:
+        """The spread, noise floor and file prior a stored gate's threshold is made of: the ratio gate's of the
+        stored ratios (the in-run ratio cancels machine drift, not a kernel's own spread), the time gate's of
+        the stored times."""
+        if gate == "ratio":
+            return entry.ratio_noise, self.ratio_noise_floor, self.prior_ratio_spread
+        return entry.noise, self.noise_floor, self.prior_spread
+
+    def stored_threshold(self, entry: BaselineEntry, gate: str, processes: int = 1) -> float:
+        """A stored gate's threshold ("baseline" or "ratio"): the prediction bound of the entry's spread for
+        one new process, or for the mean of ``processes`` (a confirmation's two), never below the margin the
+        entry can see twice (policy.sample_threshold, mean_threshold)."""
+        spread, floor, prior = self._made_of(entry, gate)
+        if processes > 1:
+            return mean_threshold(
+                self.margin, spread, entry.runs, floor, processes, prior=prior, half_width=entry.half_width
+            )
+        return sample_threshold(
+            self.margin, spread, entry.runs, floor, self.noise_k, prior=prior, half_width=entry.half_width
+        )
+
     def baseline_delta(self, entry: BaselineEntry) -> float:
         """The time gate's threshold against a stored sample: its prediction bound, never below the margin."""
-        return sample_threshold(
-            self.margin, entry.noise, entry.runs, self.noise_floor, self.noise_k, prior=self.prior_spread
-        )
+        return self.stored_threshold(entry, "baseline")
 
     def ratio_baseline_delta(self, entry: BaselineEntry) -> float:
         """The ratio gate's threshold: the prediction bound of the stored ratios' own spread."""
-        return sample_threshold(
-            self.margin,
-            entry.ratio_noise,
-            entry.runs,
-            self.ratio_noise_floor,
-            self.noise_k,
-            prior=self.prior_ratio_spread,
-        )
+        return self.stored_threshold(entry, "ratio")
 
 
 @dataclass

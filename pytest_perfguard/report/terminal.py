@@ -279,7 +279,10 @@ def margin_lines(records: Iterable[CaseRecord], margin: float | None, width: int
     else:
         parts = f"{min(used):.1%} to {max(used):.1%} ({sum(used.values())} gates)"
     setting = f"{margin:.0%} set, " if margin is not None else ""
-    text = f"margin used by the baseline and ratio gates: {parts}; {setting}widened per case by its stored noise"
+    text = (
+        f"margin used by the baseline and ratio gates: {parts}; {setting}widened per case by its stored noise (so "
+        "that a guard process can see a slowdown of twice the margin)"
+    )
     return textwrap.wrap(text, width, subsequent_indent="  ")
 
 

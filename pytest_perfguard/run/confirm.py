@@ -45,7 +45,7 @@ import pytest
 # How pytest-rerunfailures runs an item without logging its reports, and which exceptions pytest lets through.
 from _pytest.runner import get_reraise_exceptions, runtestprotocol
 
-from ..judge.policy import BATCH_TIME_FACTOR, mean_threshold, process_mean, within_together
+from ..judge.policy import BATCH_TIME_FACTOR, CONFIRM_PROCESSES, process_mean, within_together
 from ..judge.verdict import Gate, Verdict
 from ..marker import MARK_NAME
 from ..record import CaseRecord, Confirmed, Outcome, RecordError, Status
@@ -449,13 +449,8 @@ def _two_processes(run: CaseRun, verdict: Verdict, child: CaseRecord) -> tuple[S
 
 def _mean_limit(run: CaseRun, stored: BaselineEntry, gate: Gate) -> float:
     """The threshold of a mean of two processes for this gate: the spread, floor and file prior its own
-    threshold is made of (verdict.Policy.baseline_delta, ratio_baseline_delta)."""
-    policy = run.state.policy()
-    if gate.name == "baseline":
-        return mean_threshold(policy.margin, stored.noise, stored.runs, policy.noise_floor, prior=policy.prior_spread)
-    return mean_threshold(
-        policy.margin, stored.ratio_noise, stored.runs, policy.ratio_noise_floor, prior=policy.prior_ratio_spread
-    )
+    threshold is made of (verdict.Policy.stored_threshold)."""
+    return run.state.policy().stored_threshold(stored, gate.name, CONFIRM_PROCESSES)
 
 
 def _pct(ratio: float) -> str:

@@ -1003,7 +1003,9 @@ def _gate_thresholds(
     """The threshold each gate would judge an entry of these processes at (the time's, and the ratio's where
     there is a reference), with its processes and its noise floor. The ratio counts apart: on a freshly
     started H100 (2026-11-26) cuda_wmma's S128 cases read 4.7, 4.7, 5.3 and 5.3 us in four processes, SDPA
-    beside them moving alike, and their ratios within 1%."""
+    beside them moving alike, and their ratios within 1%. The prediction bound of the spread alone: the
+    margin the guard adds so that one process can see twice it (policy.detectable_margin) is said with the
+    stored margins, and one past WIDE_MARGIN is warned of there."""
     gates = []
     for values, floor, typical in ((_times(got), floors[0], prior[0]), (_ratios(got), floors[1], prior[1])):
         if values:

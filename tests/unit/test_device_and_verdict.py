@@ -197,12 +197,15 @@ def test_update_moves_and_gates_share_one_threshold() -> None:
     from dataclasses import replace
 
     from pytest_perfguard.judge import baseline as bl
+    from pytest_perfguard.judge.policy import detectable_margin
 
     policy = vd.Policy(margin=0.05, noise_floor=0.005)
     for noise in (0.0, 0.001, 0.005, 0.0125, 0.02, 0.1):
         entry = replace(_entry(), noise=noise)
         assert bl.change_limit(entry, policy.margin, policy.noise_floor, bl.NOISE_K) == policy.baseline_delta(entry)
-        assert policy.baseline_delta(entry) == policy.delta(noise)  # one process: the k = 1 rule
+        # one process: the k = 1 rule, never below what the entry can detect
+        seen = detectable_margin(noise, 1, entry.half_width, policy.noise_floor)
+        assert policy.baseline_delta(entry) == max(policy.delta(noise), seen)
     three = bl.BaselineEntry.from_samples(
         "t::c[x]",
         [bl.ProcessSample(t, (t, t), 1.0) for t in (1000.0, 1010.0, 990.0)],

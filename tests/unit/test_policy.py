@@ -295,3 +295,108 @@ def test_a_pass_needs_the_95_percent_interval_and_a_failure_the_family_wise_one(
     assert counts["unchanged"][0] > old_rule_pass, (counts, old_rule_pass)
     assert counts["twice"][0] == 0, counts
     assert counts["at_margin"][0] / total < 0.05, counts
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.005, 0.021, 0.03, 0.08])
+@pytest.mark.parametrize("k", [1, 3, 4, 16])
+@pytest.mark.parametrize("half_width", [0.0, 0.004, 0.02])
+def test_the_detectable_margin_is_where_the_mde_reaches_twice_the_margin(
+    spread: float, k: int, half_width: float
+) -> None:
+    """detectable_margin solves verdict.minimum_detectable_effect (with a confirmation, at the planned decision
+    level) = MDE_MARGINS * T for T: a guard that measures as the entry's processes did sees twice the margin."""
+    margin = policy.detectable_margin(spread, k, half_width, 0.005)
+    # the guard's in-run width is planned as the wider of the processes' and their spread
+    planned = max(half_width, spread) if k >= 2 else half_width  # one process has no spread of its own
+    h = planned * sps.norm.ppf(0.5 + policy.DETECT_CONFIDENCE / 2) / sps.norm.ppf(0.975)
+    dec = vd.Interval(0.0, -h, h, policy.DETECT_CONFIDENCE, 30)
+    mde = vd.minimum_detectable_effect(dec, math.log1p(margin), max(spread, 0.005), k, confirm=True)
+    assert mde == pytest.approx(policy.MDE_MARGINS * margin, rel=1e-9)
+    assert not policy.could_hide(mde * (1 - 1e-9), margin)
+    # a margin too wide to promise anything: none is returned as finite
+    assert math.isinf(policy.detectable_margin(0.5, 3, 0.0, 0.005))
+
+
+def test_an_entry_whose_processes_spread_is_judged_at_a_margin_it_can_see_twice() -> None:
+    """The stored entry of a fresh H200's cuda_scalar S2048 causal (2026-11-28): five processes reading 1.09 or
+    1.15 ms, each within +-0.1% in-run, under a 5% margin. Judged at the prediction bound alone (6.9%), guards
+    read MDEs of 13.69-13.80% against a 13.75% ceiling: the ones that sat in one mode met it to the fourth
+    digit, the ones whose blocks moved between the modes (in-run +2.3%) did not, and CI went red for a case no
+    guard process could decide. Its margin is now the one a process moving between the modes can see twice,
+    said at update time; a guard whose blocks mix the modes passes with the ceiling met. Planned at the
+    update's in-run width alone, the same guard's MDE is past the ceiling."""
+    times = [1090.3e3, 1088.2e3, 1148.8e3, 1147.0e3, 1091.8e3]
+    stored = BaselineEntry.from_samples(
+        "t::c",
+        [ProcessSample(t, (t * 0.999, t * 1.001), 1.0, t) for t in times],
+        workload="w",
+        workload_desc="",
+        env={},
+        updated="",
+    )
+    # the file's typical spread (0.5%) moderates the five processes' own, as on the host
+    policy_ = vd.Policy(margin=0.05, noise_floor=0.005, family_size=98, confirm=True, prior_spread=0.005)
+    threshold = policy_.baseline_delta(stored)
+    assert 0.12 < threshold < 0.16
+    kw = {"workload": "w", "policy": policy_, "max_ratio": None, "incomparable": []}
+    rng = random.Random(3)
+    mixed = [rng.choice((1090e3, 1148e3)) * math.exp(rng.gauss(0.0, 0.002)) for _ in range(56)]
+    gate = vd.decide(mixed, None, stored, **kw).gates[0]
+    assert gate.status is vd.PASS and gate.mde is not None
+    assert not policy.could_hide(gate.mde, threshold)
+    planned_alone = policy.detectable_margin(0.0, stored.runs, stored.half_width, 0.005)  # spread left out of h
+    spread_only = max(planned_alone, policy.sample_threshold(0.05, stored.noise, 5, 0.005, prior=0.005))
+    dec = log_interval(mixed, policy_.decision_confidence)
+    dec = vd.Interval(
+        dec.estimate - math.log(stored.median_ns),
+        dec.lo - math.log(stored.median_ns),
+        dec.hi - math.log(stored.median_ns),
+        dec.confidence,
+        dec.n,
+    )
+    before = vd.minimum_detectable_effect(dec, math.log1p(spread_only), stored.noise, stored.runs, confirm=True)
+    assert policy.could_hide(before, spread_only)
+
+
+def test_a_slowdown_of_twice_the_widened_margin_still_fails_on_recorded_noise() -> None:
+    """What would get past a widened margin: a slowdown it can no longer see. On the recorded H200 block noise,
+    with each process (the update's four and the guard's) shifted by its own offset of 2.1% sd, a slowdown of
+    twice the margin each entry is judged at is called a regression in the guard's process at least 95% of the
+    time, as the rule promises of one detection (it plans for two at 95% together)."""
+    rng = random.Random(11)
+    policy_ = vd.Policy(margin=0.05, noise_floor=0.005, family_size=98)
+    kw = {"workload": "w", "policy": policy_, "max_ratio": None, "incomparable": []}
+    caught = trials = 0
+    for series in _h200_block_medians():
+        for _ in range(25):
+            offsets = [math.exp(rng.gauss(0.0, 0.021)) for _ in range(5)]
+            medians = [sorted(rng.sample(series, 10))[5] * o for o in offsets[:4]]
+            samples = [ProcessSample(t, (t * 0.998, t * 1.002), 1.0, t) for t in medians]
+            stored = BaselineEntry.from_samples("t::c", samples, workload="w", workload_desc="", env={}, updated="")
+            margin = policy_.baseline_delta(stored)
+            blocks = [x * offsets[4] * (1 + 2 * margin) for x in rng.sample(series, 12)]
+            caught += vd.decide(blocks, None, stored, **kw).gates[0].status is vd.REGRESSED
+            trials += 1
+    assert caught / trials >= 0.95, (caught, trials)
+
+
+def test_a_spread_no_margin_can_see_past_leaves_the_threshold_finite() -> None:
+    """A time spread of 1.6x modes (a process state that slows variant and reference alike): no margin lets one
+    process see twice it, and the threshold stays the prediction bound's, a finite number that a results file
+    can hold (an inf there made the file unwritable and the confirmation's process fail)."""
+    assert math.isinf(policy.detectable_margin(0.3, 3, 0.001, 0.05))
+    wide = policy.sample_threshold(0.05, 0.3, 3, 0.05, half_width=0.001)
+    assert math.isfinite(wide) and wide == policy.sample_threshold(0.05, 0.3, 3, 0.05)
+    assert math.isfinite(policy.mean_threshold(0.05, 0.3, 3, 0.05, half_width=0.001))
+
+
+def test_a_detectable_margin_past_the_wide_limit_widens_nothing() -> None:
+    """What would get past the widening: an entry of two speeds 1.3x apart (CPU) has a detectable margin of
+    hundreds of percent; widened to it, an update 3x slower joined the entry as the same kernel. Past
+    WIDE_MARGIN the margin is not widened: the prediction bound judges, and a pass stays unverified by its MDE."""
+    spread = policy.log_spread([1.0, 1.0, 1.3, 1.3])
+    assert policy.detectable_margin(spread, 4, 0.001, 0.05) > 3.0
+    got = policy.sample_threshold(0.05, spread, 4, 0.05, half_width=0.001)
+    assert got == policy.sample_threshold(0.05, spread, 4, 0.05) < 2.0
+    # within the limit it widens
+    assert policy.sample_threshold(0.05, 0.02, 4, 0.005, half_width=0.001) > 0.05
