@@ -43,8 +43,8 @@ from benchmarks._timing import EventTimer
 from kernels import KERNELS, sdpa
 from pytest_perfguard.judge import verdict as vd
 from pytest_perfguard.judge.baseline import BaselineEntry, read_baseline
+from pytest_perfguard.judge.policy import NOISE_FLOOR, RATIO_NOISE_FLOOR
 from pytest_perfguard.measure.timing import CudaTimer, MeasureConfig, Measurement, measure, pooled
-from pytest_perfguard.run.session import NOISE_FLOOR, RATIO_NOISE_FLOOR
 
 CASES = [
     ("sdpa", (8, 8, 128, 64)),

@@ -16,7 +16,8 @@ from .measure.visible import device_index
 from .record import CaseRecord
 from .report.writers import asked
 from .run import xdist as xd
-from .run.session import (
+from .run.session import finish
+from .run.state import (
     MERGED,
     STATE,
     SUMMARY,
@@ -24,7 +25,6 @@ from .run.session import (
     RunSummary,
     baseline_file,
     device_id,
-    finish,
     is_worker,
     make_state,
     state_of,

@@ -45,7 +45,7 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get(PYCACHE_ENV)
 @pytest.fixture(autouse=True)
 def _not_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     """The runs these tests start are local runs unless a test says otherwise: under CI, a guard run that
-    compared nothing fails (session.under_ci), and the CI machine running this suite sets CI=true."""
+    compared nothing fails (state.under_ci), and the CI machine running this suite sets CI=true."""
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
 

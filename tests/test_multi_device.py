@@ -12,7 +12,7 @@ import pytest
 
 from pytest_perfguard.measure.visible import timing_gpus
 from pytest_perfguard.run import xdist as xd
-from pytest_perfguard.run.session import split_cases
+from pytest_perfguard.run.update import split_cases
 from tests.test_plugin import CONFTEST, MODES, _case, baseline_json, run
 
 pytest_plugins = ["pytester"]

@@ -145,7 +145,7 @@ class Verdict:
     # flags the case with this message.
     flag: str | None = None
     # ln(reference now / its stored centre) where the entry holds the reference's times: the run's end
-    # compares it with the other cases' (session._moved_alone).
+    # compares it with the other cases' (outcome.moved_alone).
     reference_move: float | None = None
 
     def deciding_gates(self) -> list[Gate]:

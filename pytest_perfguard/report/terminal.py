@@ -231,7 +231,7 @@ def short_why(r: CaseRecord) -> str:
     passed = {g.reason for g in r.gates if g.status in (Status.PASS, Status.FASTER)}
     concluded = [x for x in r.reasons if x.startswith(("not confirmed", "confirmed in a fresh process"))]
     if r.decision == "unverified" and not r.disturbances and r.verdict in (Status.PASS, Status.FASTER) and r.mde:
-        # every gate passed: what is wrong is the pass's power, not a gate (session._why_unverified)
+        # every gate passed: what is wrong is the pass's power, not a gate (outcome.why_unverified)
         concluded.insert(0, weak_pass(r.mde))
     first = next((x for x in [*r.disturbances, *concluded, *r.reasons] if x and x not in passed), None)
     return shorten(first or str(r.verdict or r.outcome), SHORT_WHY)

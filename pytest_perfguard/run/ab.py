@@ -629,7 +629,7 @@ def _redirected(alias: str, names: set[str]) -> Iterator[None]:
 #
 # Two loaded copies of the same code differ in each process by an offset that the head/base interval does not
 # sample; the A/B gate's MDE and stop rule count it (settings.AB_PROCESS_SD). Its built-in values were fitted
-# on H100s. An update fits it on the user's device: its fresh processes (session._process_samples) run as A/B
+# on H100s. An update fits it on the user's device: its fresh processes (update.process_samples) run as A/B
 # runs against HEAD (`aa_base`), so each variant is timed against its own twin, loaded from the cached tree of
 # HEAD exactly as `--perfguard-against` loads a base revision (separately built extensions included); each
 # process's head/base reading is stored with its sample, and the baseline file's readings give the fit
@@ -696,7 +696,7 @@ def use_stored_offset(
     """The per-process offsets an A/B run counts, from 20 us and under: a value set by the user stays; else
     the fit of the baseline file's A/A readings (`where` names the file) replaces the built-in value in
     `settings`, for a size class with at least policy.AB_OFFSET_MIN_READINGS readings; else the built-in
-    H100 value stays. `device` is this GPU's id as samples name it (session.device_id)."""
+    H100 value stays. `device` is this GPU's id as samples name it (state.device_id)."""
     fitted = baseline.ab_offset() if baseline is not None and baseline.exists else None
     uses = []
     for name, size, small in (("ab_process_sd", "from 20 us", False), ("ab_small_process_sd", "under 20 us", True)):

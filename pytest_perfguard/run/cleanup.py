@@ -39,7 +39,7 @@ def in_child() -> bool:
 
 
 def in_update_process() -> bool:
-    """Whether this process is one of an update's further processes (session._process_samples)."""
+    """Whether this process is one of an update's further processes (update.process_samples)."""
     return in_child() and os.environ.get(UPDATE_PROCESS_ENV) == "1"
 
 

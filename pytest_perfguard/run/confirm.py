@@ -56,7 +56,7 @@ from .cleanup import CHILD_ENV, CONFIRM_PREFIX, UPDATE_PROCESS_ENV, die_with_par
 
 if TYPE_CHECKING:
     from ..judge.baseline import BaselineEntry
-    from .session import SessionState
+    from .state import SessionState
     from .watchdog import Deadline
 
 # Set in a batch's fresh process: each case there is judged as a single confirmation judges its one case

@@ -34,7 +34,7 @@ from ..record import CaseRecord, Outcome, Status
 from .checks import IntegrityChecks
 from .cleanup import in_child
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
-from .session import SessionState
+from .state import SessionState
 from .timed import TimedStep, engine_bindings, note_unchecked_faster, timer_for
 from .watchdog import Deadline, deadline
 from .workload import Trial, describe_workload, display_params, draw_seeds, normalize_inputs, workload_hash
@@ -402,7 +402,7 @@ class Runner:
                 note_unchecked_faster(verdict, stored, s.ab_case_offset)
         elif (
             s.update
-            and s.update_processes <= 1  # more processes are the check: session._process_samples
+            and s.update_processes <= 1  # more processes are the check: update.process_samples
             and not verdict.disturbances  # never stored: nothing to confirm
             and stored is not None
             and stored.workload == record.workload

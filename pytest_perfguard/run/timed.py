@@ -50,7 +50,7 @@ from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
 from .checks import DeviceLock, capture_error
 from .cleanup import in_update_process
-from .session import SessionState, device_id
+from .state import SessionState, device_id
 from .workload import Trial, count, describe_workload, finite, input_bytes, normalize_inputs, tensor_bytes
 
 # An undecided case is measured up to this many more times (blocks pooled), within this many seconds of such

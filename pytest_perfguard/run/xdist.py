@@ -27,7 +27,7 @@ from ..measure.visible import gpu_names as gpu_names  # re-exported: the seam te
 from ..record import CaseRecord, Outcome, Status, dumps_records, loads_records
 from ..report.writers import PATH_SETTINGS
 from .progress import PROGRESS
-from .session import MERGED, STATE, is_worker, state_of
+from .state import MERGED, STATE, is_worker, state_of
 
 WORKER_POISONED_EXIT = 3
 RECORDS_ATTR = "perfguard_records"
@@ -349,7 +349,7 @@ class Controller:
 
 
 def update_devices(config: pytest.Config) -> list[str]:
-    """The GPUs an update's further processes spread over (session._FreshProcesses): those this run's
+    """The GPUs an update's further processes spread over (update.FreshProcesses): those this run's
     workers time on, where they are two or more; else none, and those processes run one after another on
     the run's own device. A run pinned to one GPU (--perfguard-device cuda:N, -n 0) keeps to it."""
     controller = config.pluginmanager.get_plugin(CONTROLLER)

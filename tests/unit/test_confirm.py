@@ -15,7 +15,7 @@ from pytest_perfguard.judge.verdict import Gate, Verdict
 from pytest_perfguard.record import CaseRecord, Confirmed, Outcome, Status
 from pytest_perfguard.run import confirm
 from pytest_perfguard.run.confirm import Confirmation, Context, RanItem, RunOrder, settle
-from pytest_perfguard.run.session import SessionState, make_state
+from pytest_perfguard.run.state import SessionState, make_state
 from pytest_perfguard.settings import Settings
 
 CASE = "test_k.py::test_attn[fast-8]"

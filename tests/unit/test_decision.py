@@ -8,7 +8,7 @@ import pytest
 from pytest_perfguard.judge.baseline import BaselineEntry, ProcessSample
 from pytest_perfguard.judge.policy import MDE_MARGINS, allowance, decision
 from pytest_perfguard.record import CaseRecord, Status
-from pytest_perfguard.run.session import _why_unverified
+from pytest_perfguard.run.outcome import why_unverified
 
 
 @pytest.mark.parametrize("verdict", ["inconclusive", "not comparable", "no base", None])
@@ -43,7 +43,7 @@ def test_the_allowance_is_a_count_or_a_share_rounded_down() -> None:
 
 def test_a_disturbed_case_says_who_disturbed_it_and_how_long_it_waited() -> None:
     from pytest_perfguard.record import CaseRecord, Status
-    from pytest_perfguard.run.session import _why_unverified
+    from pytest_perfguard.run.outcome import why_unverified
 
     busy = "GPU 0 shared with pid 844 (python: gpu_load.py) at 99% SM, 29% memory while timed"
     r = CaseRecord(
@@ -52,9 +52,9 @@ def test_a_disturbed_case_says_who_disturbed_it_and_how_long_it_waited() -> None
         disturbances=[busy],
         notes=[f"waited 30.0 s for the disturbance to end ({busy}): it had not ended", "re-measured once"],
     )
-    assert _why_unverified(r, 0.05) == f"disturbed while timed: {busy}; waited 30.0 s for it to end: it had not ended"
+    assert why_unverified(r, 0.05) == f"disturbed while timed: {busy}; waited 30.0 s for it to end: it had not ended"
     r.notes = []
-    assert _why_unverified(r, 0.05) == f"disturbed while timed: {busy}"
+    assert why_unverified(r, 0.05) == f"disturbed while timed: {busy}"
 
 
 def test_a_pass_past_the_mde_ceiling_names_the_stored_spread_that_sets_it() -> None:
@@ -70,7 +70,7 @@ def test_a_pass_past_the_mde_ceiling_names_the_stored_spread_that_sets_it() -> N
         updated="",
     )
     record = CaseRecord(id="t::c", test="t", variant="v", verdict=Status.PASS, mde=0.146)
-    why = _why_unverified(record, 0.072, entry)
+    why = why_unverified(record, 0.072, entry)
     assert why.startswith("its pass could hide a slowdown of +14.6% (its minimum detectable effect), more than 2x")
     assert "the baseline's 5 processes differ by 3.1% (sd), which more blocks here cannot narrow" in why
-    assert "processes differ" not in _why_unverified(record, 0.072, None)
+    assert "processes differ" not in why_unverified(record, 0.072, None)

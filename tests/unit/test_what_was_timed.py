@@ -12,7 +12,7 @@ from pytest_perfguard.judge.policy import HOST_MARGIN, REFERENCE_BAND
 from pytest_perfguard.measure import timing
 from pytest_perfguard.measure.device import CUDA_TIMING, incomparable
 from pytest_perfguard.record import CaseRecord, Gate, Status
-from pytest_perfguard.run import session
+from pytest_perfguard.run import outcome
 
 ENV = {"name": "NVIDIA H100", "torch": "2.13.0", "timing": CUDA_TIMING}
 
@@ -121,9 +121,9 @@ def _moved(case_id: str, move: float | None, excused: bool) -> CaseRecord:
 
 def test_a_reference_that_moved_alone_is_named_and_one_the_run_shares_is_not() -> None:
     alone = [_moved("a", 0.6, True), _moved("b", 0.01, False), _moved("c", -0.01, False), _moved("d", 0.02, False)]
-    assert session._moved_alone(alone) == ["a (reference +60.0%, the others' median +1.0%)"]
+    assert outcome.moved_alone(alone) == ["a (reference +60.0%, the others' median +1.0%)"]
     shared = [_moved("a", 0.6, True), _moved("b", 0.5, True), _moved("c", 0.55, False), _moved("d", 0.4, False)]
-    assert session._moved_alone(shared) == []
+    assert outcome.moved_alone(shared) == []
 
 
 def test_a_disturbance_read_again_with_other_shares_is_said_once() -> None:
