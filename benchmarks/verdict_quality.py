@@ -2,7 +2,7 @@
 
 A simulation on a CPU, not a GPU run. Fake kernels advance a fake nanosecond clock by per-launch
 durations resampled from `tests/data/h200_attention_timing_samples.json.xz`, and the plugin's real engine
-(`measure` with `CpuTimer(clock=...)`), real baseline entry (`update.entry_of` + `merge_entry`), real
+(`measure` with `CpuTimer(clock=...)`), real baseline entry (`samples.entry_of` + `merge_entry`), real
 `decide` and the runner's re-measure-once rule judge them. The same simulated runs are then judged by
 the rules people use instead, so every rule sees exactly the same samples.
 
@@ -82,7 +82,7 @@ from pytest_perfguard.measure.timing import (
     pooled,
 )
 from pytest_perfguard.record import CaseRecord
-from pytest_perfguard.run.update import entry_of
+from pytest_perfguard.run.samples import entry_of
 from pytest_perfguard.settings import Settings
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json.xz"

@@ -3,12 +3,10 @@ stored and what is said about it. Runs in the controller's end of run (session.f
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import date
 from pathlib import Path
 
 from ..judge import baseline as bl
@@ -27,55 +25,8 @@ from ..judge.policy import (
 )
 from ..record import CaseRecord, Gate, Outcome, Status
 from ..settings import Settings, shown
+from .samples import entry_of, sample_of
 from .state import RunSummary, SessionState, baseline_file, device_id
-
-
-def aa_reading(r: CaseRecord) -> tuple[float, tuple[float, float]] | None:
-    """The head/base ratio and its 95% interval of a record timed against its own twin at HEAD (an update's
-    A/A process); None for a record without one (no base revision, or no usable twin)."""
-    gate = r.gate("ab")
-    if gate is None or gate.estimate is None or gate.ci is None:
-        return None
-    (lo, hi), est = gate.ci, gate.estimate
-    return (est, (lo, hi)) if 0 < lo <= est <= hi < math.inf else None
-
-
-def sample_of(r: CaseRecord, device: str = "") -> bl.ProcessSample:
-    """What one process measured of a case, as a baseline entry keeps it (with its A/A reading, if any)."""
-    assert r.median_ns is not None and r.ci_ns is not None
-    ratio = float(r.ratio) if r.ratio is not None else None
-    aa = aa_reading(r)
-    return bl.ProcessSample(
-        median_ns=float(r.median_ns),
-        ci_ns=(min(float(r.ci_ns[0]), float(r.median_ns)), max(float(r.ci_ns[1]), float(r.median_ns))),
-        ratio=ratio,
-        against_ns=float(r.median_ns) / ratio if ratio else None,
-        device=device,
-        date=str(r.updated or date.today().isoformat()),
-        blocks=int(r.blocks or 0),
-        host_ns=r.host_ns,
-        host_ratio=r.host_ratio,
-        aa_ratio=aa[0] if aa is not None else None,
-        aa_ci=aa[1] if aa is not None else None,
-    )
-
-
-def entry_of(
-    r: CaseRecord, noise: float, samples: list[bl.ProcessSample] | None = None, unstable: bool = False
-) -> bl.BaselineEntry:
-    """The baseline entry an update makes of a timed record and the samples of its processes (by default
-    the record's own process alone)."""
-    assert r.median_ns is not None and r.ci_ns is not None and r.workload is not None
-    return bl.BaselineEntry.from_samples(
-        r.id,
-        samples if samples else [sample_of(r)],
-        workload=r.workload,
-        workload_desc=r.workload_desc or "",
-        env={k: str(v) for k, v in (r.env or {}).items()},
-        updated=str(r.updated or date.today().isoformat()),
-        noise=noise,
-        unstable=unstable,
-    )
 
 
 def recordable(r: CaseRecord) -> bool:

@@ -31,7 +31,7 @@ from pytest_perfguard.judge.policy import AB_OFFSET_MIN_READINGS, fit_process_of
 from pytest_perfguard.judge.stats import chi2_quantile
 from pytest_perfguard.record import CaseRecord, Gate, Status
 from pytest_perfguard.run.ab import aa_base, use_stored_offset
-from pytest_perfguard.run.update import aa_reading
+from pytest_perfguard.run.samples import aa_reading
 from pytest_perfguard.settings import AB_PROCESS_SD, AB_SMALL_NS, AB_SMALL_PROCESS_SD, BY_NAME, Settings, convert
 from tests.test_ab import _git
 from tests.unit.recorded_aa import records
