@@ -57,6 +57,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -211,20 +212,6 @@ def _centre_ci(mean: float, sd: float, k: int) -> tuple[float, float]:
     return (math.exp(mean - half), math.exp(mean + half))
 
 
-def in_run_half_width(samples: Sequence[ProcessSample]) -> float:
-    """The processes' typical in-run 95% half-width of their medians (log scale, the wider side): the median
-    over the samples; what a guard measuring as they did will see (policy.detectable_margin)."""
-    widths = sorted(
-        max(math.log(x.median_ns / x.ci_ns[0]), math.log(x.ci_ns[1] / x.median_ns), 0.0)
-        for x in samples
-        if x.ci_ns[0] > 0 and x.median_ns > 0
-    )
-    if not widths:
-        return 0.0
-    mid = len(widths) // 2
-    return widths[mid] if len(widths) % 2 else 0.5 * (widths[mid - 1] + widths[mid])
-
-
 @dataclass(frozen=True)
 class BaselineEntry:
     """The stored timing of one perf case on one device model: a sample of process medians and the
@@ -274,8 +261,14 @@ class BaselineEntry:
 
     @property
     def half_width(self) -> float:
-        """Its processes' typical in-run 95% half-width (in_run_half_width)."""
-        return in_run_half_width(self.samples)
+        """Its processes' typical in-run 95% half-width (log scale, the wider side), the median over them: what a
+        guard measuring as they did will see (policy.detectable_margin)."""
+        widths = [
+            max(math.log(x.median_ns / x.ci_ns[0]), math.log(x.ci_ns[1] / x.median_ns), 0.0)
+            for x in self.samples
+            if x.ci_ns[0] > 0
+        ]
+        return statistics.median(widths) if widths else 0.0
 
     @property
     def aa_readings(self) -> list[tuple[float, float]]:
