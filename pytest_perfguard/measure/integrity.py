@@ -136,14 +136,30 @@ class TimedCopies:
         return len(self.members) * self.reps
 
 
-def _refill(tensors: Sequence[tuple[str, torch.Tensor]], new: Inputs) -> list[tuple[str, torch.Tensor]]:
-    """Writes `new`'s values into the copy's tensors in place (same addresses, so a graph replays them) and
-    returns them, detached, for the input-mutation check."""
+def _copy_all(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    """`d.copy_(s)` for each pair, in one multi-tensor launch per device and dtype: a small case's check writes a
+    few hundred copies' tensors, and one copy_ each was a launch each."""
+    if dst:
+        torch._foreach_copy_(list(dst), list(src))
+
+
+def _new_values(tensors: Sequence[tuple[str, torch.Tensor]], new: Inputs) -> list[tuple[str, torch.Tensor]]:
+    """`new`'s tensors, detached, once they are known to be of the copy's form (names, shapes, dtypes): what a
+    refill writes into the copy in place (same addresses, so a graph replays them) and the input-mutation
+    check compares against."""
     values = [(name, t.detach()) for name, t in tensors_of(new)]
     if [(n, t.shape, t.dtype) for n, t in values] != [(n, t.shape, t.dtype) for n, t in tensors]:
         raise ValueError("the test made inputs of another form for a new seed; each copy must have one form")
-    for (_, t), (_, v) in zip(tensors, values, strict=True):
-        t.copy_(v)
+    return values
+
+
+def _refill(
+    copies: Mapping[int, Sequence[tuple[str, torch.Tensor]]], new: Mapping[int, Inputs]
+) -> dict[int, list[tuple[str, torch.Tensor]]]:
+    """Writes each copy's `new` values into its tensors in place, all in one multi-tensor copy, and returns the
+    values by copy, for the input-mutation check."""
+    values = {i: _new_values(copies[i], made) for i, made in new.items()}
+    _copy_all([t for i in values for _, t in copies[i]], [v for i in values for _, v in values[i]])
     return values
 
 
@@ -157,21 +173,32 @@ def _values_kept(copies: TimedCopies, indices: Sequence[int]) -> Iterator[dict[i
     """The copies' tensors by index; their timed values are put back on the way out (the later checks, the
     degenerate-input one, time the same copies)."""
     tensors = {i: tensors_of(copies.inputs[i]) for i in indices}
-    saved = {i: [t.detach().clone() for _, t in ts] for i, ts in tensors.items()}
+    held = [t.detach() for ts in tensors.values() for _, t in ts]
+    saved = [torch.empty_like(t) for t in held]
+    _copy_all(saved, held)
     try:
         yield tensors
     finally:
-        for i, ts in tensors.items():
-            for (_, t), old in zip(ts, saved[i], strict=True):
-                t.copy_(old)
-            _sync(ts)
+        _copy_all(held, saved)
+        _sync(next(iter(tensors.values()), []))
 
 
-def every_copy(copies: TimedCopies, reference: Callable[..., Any], overrides: Overrides) -> str | None:
+def every_copy(
+    copies: TimedCopies,
+    reference: Callable[..., Any],
+    overrides: Overrides,
+    *,
+    pairs: list[float] | None = None,
+) -> str | None:
     """Every timed copy checked on values the variant has never seen: for each sample the blocks took in
     turn, every copy it runs gets new values in place (outside the timed window) and a NaN output, the
     sample runs once more (one graph replay on CUDA), and each copy's output must match the float64 oracle
     on its new values, with the inputs unchanged. The message of the first failure, or None.
+
+    Where `pairs` is given, each sample, once its copies are checked, runs again on the values it has just
+    run, and its time on new values over that time is appended: `seen_values`' first look, for one replay a
+    sample (on an H200 its own draws were 6% of a small case's wall time, 2026-11-28). The second run comes
+    after the check, so a variant that answers right only on values it has met before still fails here.
 
     Checking copy 0 alone let a variant that did nothing on the other copies read 45-49% faster (H100,
     2026-11-27); refilling with the correctness seeds' values let a memo keyed on values the variant had
@@ -182,18 +209,19 @@ def every_copy(copies: TimedCopies, reference: Callable[..., Any], overrides: Ov
     for j, member in enumerate(copies.members):
         indices = list(copies.copies_of(j))
         with _values_kept(copies, indices) as tensors:
-            new: dict[int, tuple[int, list[tuple[str, torch.Tensor]]]] = {}
+            seeds: dict[int, int] = {}
+            made: dict[int, Inputs] = {}
             for i in indices:
-                seed, made = copies.fresh(i)
-                new[i] = (seed, _refill(tensors[i], made))
+                seeds[i], made[i] = copies.fresh(i)
                 out = copies.outputs.get(i)
                 if isinstance(out, torch.Tensor) and out.is_floating_point():
                     out.fill_(math.nan)
-            member()
+            new = _refill(tensors, made)
+            first = member()
             # One transfer for the whole member's screens (correctness.screened); a copy the screen does not
             # pass is judged in full below, which names what is wrong or passes it.
             screens = {
-                i: screened(copies.outputs.get(i), copies.inputs[i], reference, overrides, new[i][1]) for i in indices
+                i: screened(copies.outputs.get(i), copies.inputs[i], reference, overrides, new[i]) for i in indices
             }
             kept = {i: t for i, t in screens.items() if t is not None}
             passed = dict(zip(kept, torch.stack(list(kept.values())).tolist(), strict=True)) if kept else {}
@@ -201,19 +229,21 @@ def every_copy(copies: TimedCopies, reference: Callable[..., Any], overrides: Ov
             for i in indices:
                 if passed.get(i, False):
                     continue
-                seed, values = new[i]
-                where = f"input copy {i + 1} of {n} (seed {seed})"
-                changed = modified_input(values, tensors[i])
+                where = f"input copy {i + 1} of {n} (seed {seeds[i]})"
+                changed = modified_input(new[i], tensors[i])
                 if changed:
                     return f"input mutation: the timed calls modified input {changed} in place on {where}"
                 try:
-                    judge_output(copies.outputs.get(i), copies.inputs[i], reference, overrides, seed=seed)
+                    judge_output(copies.outputs.get(i), copies.inputs[i], reference, overrides, seed=seeds[i])
                 except CorrectnessFailure as exc:
                     return (
                         f"timed output wrong on {where}: a replay of the timed sample on new input values, never "
                         "seen by the variant, written outside the timed window, returned a stale, cached, "
                         f"unfinished or partial result: {exc}"
                     )
+            if pairs is not None:
+                again = _device_ns(member())
+                pairs.append(_device_ns(first) / again if again > 0 else 1.0)
     return None
 
 
@@ -253,10 +283,9 @@ def _fresh_and_seen(copies: TimedCopies, rounds: int, order: random.Random) -> l
             kinds = [True, False]
             order.shuffle(kinds)
             for new in kinds:
-                drawn = [copies.fresh(i)[1] for i in indices]
+                drawn = {i: copies.fresh(i)[1] for i in indices}
                 if new:
-                    for i, made in zip(indices, drawn, strict=True):
-                        _refill(tensors[i], made)
+                    _refill(tensors, drawn)
                 _sync(tensors[indices[0]])
                 totals[new] += _device_ns(member())
             ratios.append(totals[True] / totals[False] if totals[False] > 0 else 1.0)
@@ -267,11 +296,14 @@ def _device_ns(sample: Any) -> float:
     return float(getattr(sample, "device_ns", 0.0))
 
 
-def seen_values(copies: TimedCopies, *, host: bool) -> SeenResult:
+def seen_values(copies: TimedCopies, *, host: bool, first: Sequence[float] = ()) -> SeenResult:
     """The timed samples' speed on values they have already seen against new values (`every_copy` checks
     the answers; this checks the time). Flags a kernel that is faster on values it has seen by MEMO_FACTOR
-    (MEMO_FACTOR_HOST on a host timer), the median of MEMO_ROUNDS paired rounds, then of MEMO_CONFIRM_ROUNDS
-    more, every one of which must read slower on new values.
+    (MEMO_FACTOR_HOST on a host timer): a first look, the median of `first` (every_copy's pairs, one per
+    sample, on a GPU) or of MEMO_ROUNDS paired rounds, then MEMO_CONFIRM_ROUNDS rounds in a random order,
+    all but one of which must read slower on new values. every_copy's pairs always run new values first; on
+    a GPU each sample starts on a flushed L2 after a synchronise, and a first look that reads slow only
+    costs the confirming rounds.
 
     Measured on an H100 (2026-11-27): a device-side fingerprint of a few input elements that skipped half the
     work read 22% faster than the job; a memo on the tensors' version counters in stream mode, 31%. What gets
@@ -279,7 +311,7 @@ def seen_values(copies: TimedCopies, *, host: bool) -> SeenResult:
     so such a memo can hide a regression of that size, no more."""
     factor = MEMO_FACTOR_HOST if host else MEMO_FACTOR
     order = random.Random(copies.count)
-    ratios = _fresh_and_seen(copies, MEMO_ROUNDS, order)
+    ratios = list(first) or _fresh_and_seen(copies, MEMO_ROUNDS, order)
     ratio = statistics.median(ratios)
     flagged = False
     if ratio >= factor:
@@ -291,7 +323,7 @@ def seen_values(copies: TimedCopies, *, host: bool) -> SeenResult:
         flagged = ratio >= factor and sum(r > 1.0 for r in ratios) >= len(ratios) - 1
     seen_text = (
         f"on new input values its timed samples read {ratio:.2f}x their time on values they had already run "
-        f"(median of {len(ratios)} paired rounds, one of {len(copies.members)} sample(s) of {copies.reps} call(s) "
+        f"(median of {len(ratios)} paired rounds over {len(copies.members)} sample(s) of {copies.reps} call(s) "
         "each)"
     )
     if flagged:

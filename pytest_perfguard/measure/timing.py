@@ -939,8 +939,11 @@ def host_time(
     rng = rng or random.Random()
     times: dict[str, list[float]] = {side: [] for side in sides}
     single = per_call_ns
-    for calls in sides.values():  # a few warm calls (caches, the allocator, lazy paths), then one timed
-        for call in calls[:HOST_WARM_CALLS]:
+    # A few warm calls (caches, the allocator, lazy paths), then one timed: as many as fill a block on the device,
+    # 2 to HOST_WARM_CALLS; eight of a 1-5 ms call were most of a large case's eager timing.
+    warm = int(max(2, min(HOST_WARM_CALLS, math.ceil(HOST_BLOCK_NS / max(per_call_ns, 1.0)))))
+    for calls in sides.values():
+        for call in calls[:warm]:
             call()
         sync()
         t0 = clock()

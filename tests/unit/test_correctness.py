@@ -107,12 +107,15 @@ def _wrong_outputs(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> dict[
     stale = torch.roll(out, 1, dims=-2)
     one_nan = out.clone()
     one_nan.view(-1)[3] = math.nan
+    one_inf = out.clone()
+    one_inf.view(-1)[5] = -math.inf
     half_done = out.clone()
     half_done[..., : out.shape[-2] // 2, :] = 0
     return {
         "off_native": off_native.to(out.dtype),
         "stale": stale,
         "one_nan": one_nan,
+        "one_inf": one_inf,
         "half_done": half_done,
         "float64": out.double(),
         "shape": out[..., :-1, :],
@@ -142,3 +145,15 @@ def test_the_device_screen_never_passes_what_the_full_judgement_fails(dtype: tor
     changed[1][1].view(-1)[0] += 1
     got = screened(honest, (inputs, {}), _sdpa_half, [], changed)
     assert got is not None and not bool(got)
+
+
+def test_the_screen_leaves_a_float64_output_as_it_was() -> None:
+    """The screen's difference is taken out of place: a float64 output is its own float64 copy, and an
+    in-place difference would zero the output that the full judgement reads next."""
+    g = torch.Generator().manual_seed(4)
+    inputs = tuple(torch.randn(1, 2, 16, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    out = _sdpa_half(*inputs)
+    kept = out.clone()
+    ok = screened(out, (inputs, {}), _sdpa_half, [], [(n, t.clone()) for n, t in zip("qkv", inputs, strict=True)])
+    assert ok is not None and bool(ok)
+    assert torch.equal(out, kept)

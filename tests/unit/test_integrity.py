@@ -282,9 +282,52 @@ def test_a_memo_on_tensor_versions_reads_faster_on_seen_values_and_is_flagged() 
     assert seen.flag is not None and seen.flag.startswith("memo on seen inputs: on new input values"), seen
 
 
+def test_on_a_gpu_the_first_look_is_the_copies_check_and_a_memo_still_shows() -> None:
+    """On a GPU, seen_values' first look is every_copy's pairs (one more run of each sample on the values it
+    has just run) instead of its own rounds of draws: one pair per sample, and the version-counter memo reads
+    faster on the second run and is flagged after the confirming rounds."""
+    memo: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def versioned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        hit = memo.get(q.data_ptr())
+        if hit is not None and hit[0] == q._version:
+            return hit[1].clone()
+        out = _slow_attn(q, k, v)
+        memo[q.data_ptr()] = (q._version, out)
+        return out
+
+    copies = _copies(versioned, members=3)
+    pairs: list[float] = []
+    assert integrity.every_copy(copies, _attn, [], pairs=pairs) is None
+    assert len(pairs) == 3 and min(pairs) > 2.0, pairs
+    seen = integrity.seen_values(copies, host=False, first=pairs)
+    assert seen.flag is not None and "median of 7 paired rounds" in seen.flag, seen
+
+
+def test_the_second_run_of_a_sample_comes_after_its_check() -> None:
+    """What would get past a first look taken before the check: a variant that leaves its output unwritten
+    the first time it meets values and computes them the second time. The check reads the first run's
+    outputs, so it fails there, with or without pairs."""
+    met: set[bytes] = set()
+
+    def second_sight(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        key = q.numpy().tobytes()
+        if key in met:
+            return _attn(q, k, v)
+        met.add(key)
+        return torch.zeros_like(q)
+
+    msg = integrity.every_copy(_copies(second_sight), _attn, [], pairs=[])
+    assert msg is not None and msg.startswith("timed output wrong on input copy 1 of 6"), msg
+
+
 def test_an_honest_kernel_reads_the_same_on_new_and_seen_values() -> None:
     seen = integrity.seen_values(_copies(_slow_attn), host=True)
     assert seen.flag is None and seen.note.startswith("seen-values check:"), seen
+    copies, pairs = _copies(_slow_attn), []
+    assert integrity.every_copy(copies, _attn, [], pairs=pairs) is None
+    seen = integrity.seen_values(copies, host=True, first=pairs)
+    assert seen.flag is None and "median of" in seen.note, seen
 
 
 # ----------------------------------------------------------------------------- inputs and fallbacks
