@@ -381,18 +381,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     """Combine results files of several runners into one file, cases of different devices kept apart."""
-    from pytest_perfguard.report.merge import merge_files, write_merged
+    from pytest_perfguard.report.merge import merge_files, runs_in, write_merged
 
     output = Path(args.output)
     try:
         doc = merge_files([Path(p) for p in args.results])
         write_merged(output, doc)
+        runs = runs_in(doc, output)
     except JSONFileError as exc:
         _err(str(exc))
         return 1
-    runs = doc["runs"]
-    cases = sum(len(run["results"]) for run in runs)
-    devices = sorted({str(run["device"].get("name")) for run in runs})
+    cases = sum(len(run.checked.results) for run in runs)
+    devices = sorted({str(run.checked.device.get("name")) for run in runs})
     print(f"{output}: {_plural(cases, 'case')} from {_plural(len(runs), 'run')} ({', '.join(devices)})")
     return 0
 

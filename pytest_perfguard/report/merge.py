@@ -53,13 +53,6 @@ class Run:
         return int(self.doc["schema_version"])
 
 
-def runs_of(doc: Mapping[str, Any], source: str = "") -> list[dict[str, Any]]:
-    """The per-run objects of a results or merged document, unvalidated: what the reports read."""
-    if doc.get("kind") == MERGED_KIND:
-        return [dict(run) for run in doc.get("runs") or []]
-    return [{**doc, "source": source}]
-
-
 def _run_object(run: Mapping[str, Any]) -> dict[str, Any]:
     """A merged file's run as the results file it was: every key its runner wrote, whatever it was."""
     return {**{key: value for key, value in run.items() if key != "source"}, "kind": RESULTS_KIND}
@@ -71,9 +64,16 @@ def read_runs(path: Path) -> list[Run]:
     obj, exists = load_json_text(path, ResultsError, "results")
     if not exists:
         raise ResultsError(f"{path}: no such results file; write one with pytest --perfguard-json {path}")
-    if isinstance(obj, dict) and obj.get("kind") == MERGED_KIND:
-        return _merged_runs(path, obj)
-    return [Run(source=str(path), doc=obj, checked=parse_results(path, obj))]
+    return runs_in(obj, path)
+
+
+def runs_in(doc: Any, path: Path | None = None) -> list[Run]:
+    """The runs of a results or merged document already in memory (read from `path`, if from a file), read
+    strictly: the reports' one way in, so that they show typed records and never read the JSON a second way."""
+    label = Path(path) if path is not None else Path("results")
+    if isinstance(doc, dict) and doc.get("kind") == MERGED_KIND:
+        return _merged_runs(label, doc)
+    return [Run(source=str(path) if path is not None else "", doc=doc, checked=parse_results(label, doc))]
 
 
 def _merged_runs(path: Path, obj: dict[str, Any]) -> list[Run]:

@@ -27,9 +27,6 @@ class ResultsError(JSONFileError):
     """A results file that cannot be used; the message names the file, the record and the problem."""
 
 
-ResultRecord = CaseRecord  # the name this module's readers used before records were one type
-
-
 @dataclass
 class ResultsFile:
     """A results file in memory."""
@@ -38,6 +35,7 @@ class ResultsFile:
     device: dict[str, Any]
     results: list[CaseRecord]
     run: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # the session's counts, margin and errors
 
     def by_id(self) -> dict[str, CaseRecord]:
         """Records keyed by case id (ids are unique in a valid file)."""
@@ -153,10 +151,23 @@ def parse_results(path: Path, obj: Any) -> ResultsFile:
             bad(f"record {record.id!r} appears twice")
         seen.add(record.id)
         records.append(record)
-    run = obj.get("run") or {}
-    if not isinstance(run, dict):
-        bad(f"'run' must be a JSON object, got {type(run).__name__}")
-    return ResultsFile(path=path, device=device, results=records, run=run)
+    run, summary = obj.get("run") or {}, obj.get("summary") or {}
+    for name, value in (("run", run), ("summary", summary)):
+        if not isinstance(value, dict):
+            bad(f"{name!r} must be a JSON object, got {type(value).__name__}")
+    return ResultsFile(path=path, device=device, results=records, run=run, summary=summary)
+
+
+def set_record_field(path: Path, obj: Any, case_id: str, key: str, value: Any) -> None:
+    """Sets one field of one record of a results document (read from `path`) in place, every other byte of
+    it left as it was; the document is validated before and after, so a change that does not validate is
+    an error before anything is written."""
+    parse_results(path, obj)
+    record = next((r for r in obj["results"] if r.get("id") == case_id), None)
+    if record is None:
+        raise ResultsError(f"{path}: no record {case_id!r} (removed since it was read?); nothing written")
+    record[key] = value
+    parse_results(path, obj)
 
 
 def read_results(path: Path) -> ResultsFile:

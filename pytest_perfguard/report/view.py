@@ -7,68 +7,84 @@ results file (one run) and a merged file (several runs, see merge.py) alike.
 
 from __future__ import annotations
 
-import math
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..explanation import lenient
-from ..record import AbComparison, Gate, RecordError, Status, id_order
-from .formats import FAILING, STATUS_ORDER, UNDECIDED, attention, format_change, shape_label, significant, status_rank
-from .merge import runs_of
-from .results import ResultRecord
+from ..record import CaseRecord, Gate, id_order
+from .formats import (
+    FAILING,
+    STATUS_ORDER,
+    UNDECIDED,
+    attention,
+    format_change,
+    shape_label,
+    significant,
+    status_of,
+    status_rank,
+)
+from .merge import runs_in
 
 # With the default case budget of 5 s, four times as much measuring halves the interval's width.
 FIRMER_BUDGET_S = 20
 
 
-def _number(value: Any) -> float | None:
-    return (
-        float(value)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        else None
-    )
-
-
-def _interval(value: Any) -> tuple[float, float] | None:
-    if isinstance(value, list | tuple) and len(value) == 2:
-        lo, hi = _number(value[0]), _number(value[1])
-        if lo is not None and hi is not None:
-            return lo, hi
-    return None
-
-
-def _floats(value: Any) -> list[float]:
-    if not isinstance(value, list):
-        return []
-    return [x for x in (_number(v) for v in value) if x is not None]
-
-
-def _strings(value: Any) -> list[str]:
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
 @dataclass(frozen=True)
 class Case:
-    """One perf case of one run, as shown: the results file's typed record (`rec`), plus what the
-    reports read from the rest of the record and where the case ran."""
+    """One perf case of one run, as shown: the results file's typed record (`rec`, read by the results
+    codec), where the case ran, and the three things the reports derive from it (test, shape, status)."""
 
-    rec: ResultRecord
+    rec: CaseRecord
     device: str  # device slug: the same id on two devices is two cases
     device_name: str
     test: str
     shape: str
     status: str
-    against: str | None
-    flops: float | None
-    mde: float | None
-    gates: list[Gate]
-    variant_blocks: list[float]
-    against_blocks: list[float]
-    base_blocks: list[float]
-    env: dict[str, str]
+
+    @classmethod
+    def of(cls, rec: CaseRecord, device: Mapping[str, Any]) -> Case:
+        return cls(
+            rec=rec,
+            device=str(device.get("slug", "")),
+            device_name=str(device.get("name", "")),
+            test=rec.test or rec.id.split("[")[0].split("::")[-1],
+            shape=shape_label(rec),
+            status=status_of(rec),
+        )
+
+    @property
+    def against(self) -> str | None:
+        return self.rec.against or None
+
+    @property
+    def flops(self) -> float | None:
+        return self.rec.flops
+
+    @property
+    def mde(self) -> float | None:
+        return self.rec.mde
+
+    @property
+    def gates(self) -> list[Gate]:
+        return self.rec.gates
+
+    @property
+    def variant_blocks(self) -> list[float]:
+        return self.rec.variant_blocks or []
+
+    @property
+    def against_blocks(self) -> list[float]:
+        return self.rec.against_blocks or []
+
+    @property
+    def base_blocks(self) -> list[float]:
+        return self.rec.base_blocks or []
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.rec.env or {}
 
     @property
     def id(self) -> str:
@@ -141,104 +157,24 @@ class Report:
         return sorted({case.env["against_backend"] for case in self.cases if case.env.get("against_backend")})
 
 
-def status_of(record: Mapping[str, Any]) -> str:
-    verdict = record.get("verdict")
-    if isinstance(verdict, str) and verdict:
-        return verdict
-    return str(record.get("outcome") or "skipped")
-
-
-def _gate(obj: Any) -> Gate | None:
-    """A gate of the record, read leniently like the rest: one that does not parse is left out."""
-    try:
-        return Gate.from_json(obj)
-    except RecordError:
-        return None
-
-
-def _ab(obj: Any) -> AbComparison | None:
-    try:
-        return None if obj is None else AbComparison.from_json(obj)
-    except RecordError:
-        return None
-
-
-def _optional_str(value: Any) -> str | None:
-    return str(value) if value else None
-
-
-def _rec(record: Mapping[str, Any]) -> ResultRecord:
-    """The typed record, read leniently: a report shows what a file holds (a crashed worker's record has
-    no variant) rather than refusing the whole file; `perfguard report` has validated it already."""
-    blocks = record.get("blocks")
-    return ResultRecord(
-        id=str(record.get("id", "")),
-        variant=str(record.get("variant", "")),
-        workload_desc=str(record.get("workload_desc") or ""),
-        params=dict(record["params"]) if isinstance(record.get("params"), dict) else {},
-        median_ns=_number(record.get("median_ns")),
-        ci_ns=_interval(record.get("ci_ns")),
-        ratio=_number(record.get("ratio")),
-        ratio_ci=_interval(record.get("ratio_ci")),
-        blocks=blocks if isinstance(blocks, int) and not isinstance(blocks, bool) else None,
-        stop_reason=_optional_str(record.get("stop_reason")),
-        tflops=_number(record.get("tflops")),
-        verdict=_status(record.get("verdict")),
-        reasons=_strings(record.get("reasons")),
-        ab=_ab(record.get("ab")),
-        explain=lenient(record.get("explain")),
-    )
-
-
-def _status(value: Any) -> Status | None:
-    try:
-        return Status(value) if value else None
-    except ValueError:
-        return None
-
-
-def _case(record: Mapping[str, Any], device: Mapping[str, Any]) -> Case:
-    env = record.get("env")
-    rec = _rec(record)
-    return Case(
-        rec=rec,
-        device=str(device.get("slug", "")),
-        device_name=str(device.get("name", "")),
-        test=str(record.get("test") or str(record.get("id", "")).split("[")[0].split("::")[-1]),
-        shape=shape_label(rec),
-        status=status_of(record),
-        against=_optional_str(record.get("against")),
-        flops=_number(record.get("flops")),
-        mde=_number(record.get("mde")),
-        gates=[g for g in (_gate(obj) for obj in record.get("gates") or []) if g is not None],
-        variant_blocks=_floats(record.get("variant_blocks")),
-        against_blocks=_floats(record.get("against_blocks")),
-        base_blocks=_floats(record.get("base_blocks")),
-        env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
-    )
-
-
 def _sort_key(case: Case) -> tuple[int, tuple[str | int, ...], str]:
     return status_rank(case.status), id_order(case.id), case.device
 
 
-def git_sha(run: Mapping[str, Any]) -> str | None:
-    """The commit a run measured, as its file records it; never asked of git now (a report may be made
-    long after the run, from another checkout)."""
-    info = run.get("run")
-    device = run.get("device")
+def git_sha(info: Mapping[str, Any], device: Mapping[str, Any]) -> str | None:
+    """The commit a run measured, as its file records it (its run information, or its device in older
+    files); never asked of git now (a report may be made long after the run, from another checkout)."""
     for holder in (info, device):
-        if isinstance(holder, dict) and isinstance(holder.get("git_sha"), str) and holder["git_sha"]:
-            dirty = holder.get("git_dirty")
-            sha = str(holder["git_sha"])
+        sha, dirty = holder.get("git_sha"), holder.get("git_dirty")
+        if isinstance(sha, str) and sha:
             # a tree with uncommitted changes is not the commit: the mark travels with the SHA
             return f"{sha} + uncommitted changes ({dirty})" if isinstance(dirty, str) and dirty else sha
     return None
 
 
 def build(doc: Mapping[str, Any]) -> Report:
-    """The report's view of a results or merged document (already validated by its reader)."""
-    runs = runs_of(doc)
+    """The report's view of a results or merged document, read by the results codec (merge.runs_in)."""
+    runs = runs_in(doc)
     cases: list[Case] = []
     devices: dict[str, dict[str, Any]] = {}
     sources: list[str] = []
@@ -246,22 +182,19 @@ def build(doc: Mapping[str, Any]) -> Report:
     margins: list[float] = []
     errors: list[str] = []
     for run in runs:
-        device = run.get("device") if isinstance(run.get("device"), dict) else {}
-        assert isinstance(device, dict)
+        device, summary = run.checked.device, run.checked.summary
         devices.setdefault(str(device.get("slug", "")), dict(device))
-        if run.get("source"):
-            sources.append(str(run["source"]))
-        sha = git_sha(run)
+        if run.source:
+            sources.append(run.source)
+        sha = git_sha(run.checked.run, device)
         if sha and sha not in shas:
             shas.append(sha)
-        summary = run.get("summary") if isinstance(run.get("summary"), dict) else {}
-        assert isinstance(summary, dict)
-        margin = _number(summary.get("margin"))
-        if margin is not None and margin not in margins:
-            margins.append(margin)
-        prefix = f"{run['source']}: " if len(runs) > 1 and run.get("source") else ""
+        margin = summary.get("margin")
+        if isinstance(margin, int | float) and not isinstance(margin, bool) and margin not in margins:
+            margins.append(float(margin))
+        prefix = f"{run.source}: " if len(runs) > 1 and run.source else ""
         errors += [prefix + str(e) for e in summary.get("errors") or []]
-        cases += [_case(r, device) for r in run.get("results") or [] if isinstance(r, dict)]
+        cases += [Case.of(r, device) for r in run.checked.results]
     cases.sort(key=_sort_key)
     return Report(cases=cases, devices=devices, sources=sources, git_shas=shas, margins=margins, errors=errors)
 

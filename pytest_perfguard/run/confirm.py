@@ -27,7 +27,6 @@ that needs an earlier case than that is not seen by it (tests/test_context_confi
 from __future__ import annotations
 
 import gc
-import json
 import math
 import os
 import subprocess
@@ -38,7 +37,7 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
@@ -48,7 +47,8 @@ from _pytest.runner import get_reraise_exceptions, runtestprotocol
 from ..judge.policy import BATCH_TIME_FACTOR, CONFIRM_PROCESSES, process_mean, within_together
 from ..judge.verdict import Gate, Verdict
 from ..marker import MARK_NAME
-from ..record import CaseRecord, Confirmed, Outcome, RecordError, Status
+from ..record import CaseRecord, Confirmed, Outcome, Status
+from ..report.results import ResultsError, read_results
 from ..report.writers import PATH_SETTINGS
 from ..settings import BY_NAME, Settings
 from . import xdist as xd
@@ -158,12 +158,10 @@ class FreshProcess:
                 if isinstance(exc, subprocess.TimeoutExpired):
                     return f"the fresh process did not finish in {self.timeout_s:g}s"
                 raise
-            try:
-                doc = json.loads((folder / "confirm.json").read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+            if not (folder / "confirm.json").is_file():
                 tail = (folder / "output.txt").read_text(encoding="utf-8", errors="replace").strip().splitlines()
                 return f"the fresh process wrote no result (exit {self.proc.returncode}): " + " | ".join(tail[-3:])
-            return _records_of(doc, self.nodeids, self.proc.returncode)
+            return _records_of(folder / "confirm.json", self.nodeids, self.proc.returncode)
         finally:
             self.folder.cleanup()
 
@@ -258,16 +256,14 @@ def _child_command(config: pytest.Config, nodeids: list[str], *, in_order: bool 
     return cmd
 
 
-def _records_of(doc: Any, nodeids: list[str], returncode: int) -> dict[str, CaseRecord] | str:
-    """The records of these items in the fresh process's results file, or why there are none."""
-    wanted = set(nodeids)
-    records: dict[str, CaseRecord] = {}
-    for raw in doc.get("results", []):
-        if isinstance(raw, dict) and raw.get("id") in wanted:
-            try:
-                records[str(raw["id"])] = CaseRecord.from_json(raw)
-            except RecordError as exc:
-                return f"the fresh process wrote a record this version cannot read: {exc}"
+def _records_of(path: Path, nodeids: list[str], returncode: int) -> dict[str, CaseRecord] | str:
+    """The records of these items in the fresh process's results file (read by the results codec), or why
+    there are none."""
+    try:
+        found = read_results(path).by_id()
+    except ResultsError as exc:
+        return f"the fresh process wrote a results file this version cannot read: {exc}"
+    records = {i: found[i] for i in nodeids if i in found}
     if not records:
         return f"the fresh process ran none of the {len(nodeids)} case(s) (exit {returncode})"
     return records

@@ -38,7 +38,8 @@ def hostile() -> dict[str, Any]:
     first = doc["results"][0]["variant"]
     for rec in doc["results"]:
         variant = LINK if rec["variant"] == first else rec["variant"]
-        rec["id"] = f"t.py::test_x[{variant}-{IMG}{TICKS}-{rec['id'][-6:-1]}]"
+        shape = rec["id"].split("[", 1)[1].rstrip("]")  # the whole parameter part: ids stay unique
+        rec["id"] = f"t.py::test_x[{variant}-{IMG}{TICKS}-{shape}]"
         rec["params"] = {"kind": f"{IMG}{TICKS}", **(rec.get("params") or {})}  # the shape label reads these
         rec["variant"] = variant
         rec["reasons"] = [f"{DETAILS} {MENTION} {JS_LINK}", *rec.get("reasons", [])]

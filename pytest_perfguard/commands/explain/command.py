@@ -36,7 +36,7 @@ from ...explanation import Explanation, KernelDiff, MetricDiff, text
 from ...gitrev import GitError, git
 from ...jsonio import JSONFileError, dumps, load_json_text, locked, write_text_atomic
 from ...record import CaseRecord, Status
-from ...report.results import ResultsError, ResultsFile, parse_results
+from ...report.results import ResultsError, ResultsFile, parse_results, set_record_field
 from ...settings import from_env
 from ..pinned import child_env, pin, pytest_command
 
@@ -448,12 +448,7 @@ def attach(path: Path, case_id: str, explanation: Explanation) -> None:
         obj, exists = load_json_text(path, ResultsError, "results")
         if not exists:
             raise ResultsError(f"{path}: the results file is gone (removed while explain ran); nothing written")
-        parse_results(path, obj)
-        record = next((r for r in obj["results"] if r.get("id") == case_id), None)
-        if record is None:
-            raise ResultsError(f"{path}: no record {case_id!r} (removed while explain ran?); nothing written")
-        record["explain"] = explanation.to_json()
-        parse_results(path, obj)
+        set_record_field(path, obj, case_id, "explain", explanation.to_json())
         write_text_atomic(path, dumps(obj), ResultsError)
 
 

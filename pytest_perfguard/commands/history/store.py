@@ -44,7 +44,8 @@ import numpy as np
 
 from pytest_perfguard.gitrev import GitError, git
 from pytest_perfguard.judge.stats import Interval
-from pytest_perfguard.report.results import ResultRecord, read_results
+from pytest_perfguard.record import CaseRecord
+from pytest_perfguard.report.results import read_results
 
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path(".ci/history.sqlite")
@@ -143,11 +144,11 @@ def fingerprint(env: dict[str, Any]) -> bytes:
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode("utf-8")).digest()[:16]
 
 
-def _record_field(record: ResultRecord, name: str) -> Any:
+def _record_field(record: CaseRecord, name: str) -> Any:
     return getattr(record, name)
 
 
-def summarize(record: ResultRecord, device: dict[str, Any]) -> CaseSummary | None:
+def summarize(record: CaseRecord, device: dict[str, Any]) -> CaseSummary | None:
     """A record's summary, or None for a record that was not timed."""
     if record.median_ns is None:
         return None
