@@ -133,7 +133,8 @@ import pathlib as _pl
 from kernels import triton_flash as _tf
 from kernels import triton_flash_unplanted as _orig
 from pytest_perfguard.run.runner import describe_workload as _describe
-from pytest_perfguard.measure.timing import MeasureConfig as _Cfg, make_timer as _make_timer, measure as _measure
+from pytest_perfguard.measure.timers import make_timer as _make_timer
+from pytest_perfguard.measure.timing import MeasureConfig as _Cfg, measure as _measure
 
 _KPLAN = _json.loads((_pl.Path(__file__).parent / "planted.json").read_text())
 _ITERS = {}
@@ -285,7 +286,8 @@ def warm_up(repo: Path, out: Path) -> float:
 
 CALIBRATE = """
 import json, torch
-from pytest_perfguard.measure.timing import CudaTimer, MeasureConfig, measure
+from pytest_perfguard.measure.timers import CudaTimer
+from pytest_perfguard.measure.timing import MeasureConfig, measure
 timer, cfg = CudaTimer(), MeasureConfig(target=0.005, budget_s=2.0)
 spin = lambda n: measure(lambda i: (lambda: torch.cuda._sleep(n)), None, timer, cfg).time.estimate
 floor, high = spin(0), spin(200_000)

@@ -197,9 +197,10 @@ class Timing:
         if use_engine:
             try:
                 from pytest_perfguard.measure import timing as engine
+                from pytest_perfguard.measure.timers import make_timer
 
                 self.engine = engine
-                self.timer = engine.make_timer("cuda" if device.type == "cuda" else "cpu")
+                self.timer = make_timer("cuda" if device.type == "cuda" else "cpu")
             except Exception as exc:
                 print(f"note: timing engine not usable ({_first_line(exc)}); using the built-in timer")
                 self.engine = None

@@ -182,7 +182,8 @@ def _engine() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Per case: the engine's time (us), NVML's median SM clock while it measured (MHz), and the isolated
     launch time (us)."""
     from kernels import KERNELS
-    from pytest_perfguard.measure.timing import CudaTimer, MeasureConfig, measure
+    from pytest_perfguard.measure.timers import CudaTimer
+    from pytest_perfguard.measure.timing import MeasureConfig, measure
 
     timer = CudaTimer()
     clock = SmClock()

@@ -44,7 +44,8 @@ from kernels import KERNELS, sdpa
 from pytest_perfguard.judge import verdict as vd
 from pytest_perfguard.judge.baseline import BaselineEntry, read_baseline
 from pytest_perfguard.judge.policy import NOISE_FLOOR, RATIO_NOISE_FLOOR
-from pytest_perfguard.measure.timing import CudaTimer, MeasureConfig, Measurement, measure, pooled
+from pytest_perfguard.measure.timers import CudaTimer
+from pytest_perfguard.measure.timing import MeasureConfig, Measurement, measure, pooled
 
 CASES = [
     ("sdpa", (8, 8, 128, 64)),

@@ -71,16 +71,8 @@ from pytest_perfguard.judge import baseline as bl
 from pytest_perfguard.judge.baseline import NOISE_K
 from pytest_perfguard.judge.policy import NOISE_FLOOR, RATIO_NOISE_FLOOR
 from pytest_perfguard.judge.verdict import FASTER, INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
-from pytest_perfguard.measure.timing import (
-    Call,
-    CpuTimer,
-    MeasureConfig,
-    Measurement,
-    PreparedSample,
-    SampleTime,
-    measure,
-    pooled,
-)
+from pytest_perfguard.measure.timers import Call, CpuTimer, PreparedSample, SampleTime
+from pytest_perfguard.measure.timing import MeasureConfig, Measurement, measure, pooled
 from pytest_perfguard.record import CaseRecord
 from pytest_perfguard.run.samples import entry_of
 from pytest_perfguard.settings import Settings

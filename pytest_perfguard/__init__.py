@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .marker import Variant
     from .marker import perf_case_checked as perf_case
-    from .measure.timing import CpuTimer, MeasureConfig, measure
+    from .measure.timers import CpuTimer
+    from .measure.timing import MeasureConfig, measure
 
 __all__ = ["CpuTimer", "MeasureConfig", "Variant", "measure", "perf_case"]
 __version__ = "0.1.0"
@@ -20,7 +21,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Variant": ("marker", "Variant"),
     "perf_case": ("marker", "perf_case_checked"),
-    "CpuTimer": ("measure.timing", "CpuTimer"),
+    "CpuTimer": ("measure.timers", "CpuTimer"),
     "MeasureConfig": ("measure.timing", "MeasureConfig"),
     "measure": ("measure.timing", "measure"),
 }

@@ -28,7 +28,7 @@ MARK_NAME = "perfguard_case"
 
 Requirement = str | Callable[[], str | None]
 ToleranceTable = Mapping["torch.dtype", Mapping[str, float]]
-Clock = Callable[[], int]  # nanoseconds, as measure.timing.Clock: declared here, the API imports no timer
+Clock = Callable[[], int]  # nanoseconds, as measure.timers.Clock: declared here, the API imports no timer
 
 _REQUIREMENT_HELP = (
     "'cuda', 'triton', 'nvcc', 'sm<major><minor>' (e.g. 'sm80'), or a callable returning a skip reason or None"

@@ -379,7 +379,7 @@ class CaseRecord:
     samples_per_block: int | None = None
     mode: str | None = None
     capture_error: str | None = None  # why the variant's calls could not be captured in a CUDA graph
-    # The eager call as a user makes it (host and device, synchronised per block; timing.host_time), per call,
+    # The eager call as a user makes it (host and device, synchronised per block; hosttime.host_time), per call,
     # with its 95% interval, and its ratio to `against`'s eager call (paired per block): on a GPU, what a
     # launch-bound user pays, which graph replay does not see. None on CPU, where the timed figure is it.
     host_ns: float | None = None

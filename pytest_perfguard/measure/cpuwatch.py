@@ -235,7 +235,7 @@ def unwatched(c: Counters) -> str | None:
 
 @dataclass
 class CpuWatch:
-    """The timing.Watch of a CPU measurement. `read`, `runnable` and `cores` are injectable, so that the rule
+    """The timers.Watch of a CPU measurement. `read`, `runnable` and `cores` are injectable, so that the rule
     is tested on recorded readings."""
 
     read: Callable[[], Counters] = read_counters

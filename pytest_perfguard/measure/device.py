@@ -30,7 +30,7 @@ COMPARED_KEYS = ("name", "capability", "torch", "triton", "cuda", "against_backe
 # way, with host code in every call: a change of workload, never a speed-up. Entries from before the key were
 # CUDA graph replays where they carry the timing key.
 MODE_NAMES = {"cuda-graph": "CUDA graph replay", "cuda-stream": "stream launches (graph capture failed)", "cpu": "cpu"}
-# How a CUDA case is timed (timing._CudaGraphSample), stored with every entry: figures taken another way are
+# How a CUDA case is timed (timers._CudaGraphSample), stored with every entry: figures taken another way are
 # not compared. Entries from before the key timed each replay from an idle stream, so their small cases carry
 # the host's launch latency divided by the calls per sample, and their long ones one input placement.
 CUDA_TIMING = "cuda graph, stream held, 8+ input copies, each in every block"
@@ -259,7 +259,7 @@ _NVML_SUCCESS, _NVML_NOT_FOUND = 0, 6  # pynvml raises these when no sample is n
 
 @dataclass
 class Disturbances:
-    """Watches one GPU through NVML during a measurement (a timing.Watch): throttling, another process's work
+    """Watches one GPU through NVML during a measurement (a timers.Watch): throttling, another process's work
     on it, and an SM clock below the steady state while the GPU is busy. `clock` and `sleep` pace wait_quiet;
     tests pass fakes.
 

@@ -24,12 +24,16 @@ from typing import Any
 
 import torch
 
-from . import peaks, timing
+from . import hosttime, peaks, timers, timing
 from .correctness import CorrectnessFailure, Inputs, Oracle, judge_output, modified_input, screened, tensors_of
 
 Overrides = Sequence[Any]
 
 # ------------------------------------------------------------------------------------ patched timers
+
+
+# The modules whose functions and classes time a case: the timers, the engine, the eager call's timing.
+ENGINE_MODULES = (timers, timing, hosttime)
 
 
 def _timer_functions() -> dict[str, Any]:
@@ -48,14 +52,15 @@ def _timer_functions() -> dict[str, Any]:
     ):
         for name in names:
             found[f"torch.cuda.{owner.__name__}.{name}"] = getattr(owner, name, None)
-    for name, value in vars(timing).items():
-        if getattr(value, "__module__", None) != timing.__name__:
-            continue
-        found[f"{timing.__name__}.{name}"] = value
-        if isinstance(value, type):
-            for attr, member in vars(value).items():
-                if callable(member):
-                    found[f"{timing.__name__}.{name}.{attr}"] = member
+    for module in ENGINE_MODULES:
+        for name, value in vars(module).items():
+            if getattr(value, "__module__", None) != module.__name__:
+                continue
+            found[f"{module.__name__}.{name}"] = value
+            if isinstance(value, type):
+                for attr, member in vars(value).items():
+                    if callable(member):
+                        found[f"{module.__name__}.{name}.{attr}"] = member
     return found
 
 
@@ -66,8 +71,9 @@ ORIGINAL_TIMERS: dict[str, Any] = _timer_functions()
 def _lookup(dotted: str) -> Any:
     module_name, _, rest = dotted.partition(".")
     obj: Any = {"time": time, "torch": torch}.get(module_name)
-    if obj is None:  # pytest_perfguard.timing....
-        obj, rest = timing, dotted[len(timing.__name__) + 1 :]
+    if obj is None:  # pytest_perfguard.measure.timing....
+        obj = next(m for m in ENGINE_MODULES if dotted.startswith(m.__name__ + "."))
+        rest = dotted[len(obj.__name__) + 1 :]
     for part in rest.split("."):
         obj = getattr(obj, part, None)
     return obj
@@ -452,7 +458,7 @@ CONFIRM_ROUNDS = 9
 SCREEN_SHARE = 0.03
 
 
-Sample = Callable[[], timing.SampleTime]
+Sample = Callable[[], timers.SampleTime]
 
 
 def _fastest(samples: dict[str, Sample], rounds: int, order: random.Random) -> dict[str, float]:
@@ -505,7 +511,7 @@ def _screened(
 def _confirmed(
     variant: Callable[..., Any],
     first: Inputs,
-    timer: timing.Timer,
+    timer: timers.Timer,
     copy_sample: Sample,
     what: str,
     *,
@@ -539,7 +545,7 @@ def degenerate_inputs(
     variant: Callable[..., Any],
     first: Inputs,
     constants: Sequence[Constant],
-    timer: timing.Timer,
+    timer: timers.Timer,
     measured: Sample,
     *,
     reps: int,

@@ -20,7 +20,8 @@ import torch
 from ..marker import Variant
 from ..measure import integrity, peaks
 from ..measure.correctness import CorrectnessReport, Inputs
-from ..measure.timing import Measurement, Timer
+from ..measure.timers import Timer
+from ..measure.timing import Measurement
 from ..record import CaseRecord
 from ..settings import Settings
 from .workload import Trial, draw_seeds, finite, input_bytes

@@ -32,17 +32,12 @@ from ..measure import integrity
 from ..measure.correctness import check
 from ..measure.cpuwatch import CpuWatch
 from ..measure.device import CUDA_TIMING, Disturbances, incomparable, manual_seed
+from ..measure.hosttime import HostTime, host_time
+from ..measure.timers import Call, Clock, SampleTime, Timer, Watch, make_timer
 from ..measure.timing import (
-    Call,
-    Clock,
-    HostTime,
     MeasureConfig,
     Measurement,
     Progress,
-    Timer,
-    Watch,
-    host_time,
-    make_timer,
     measure,
     pooled,
 )
@@ -62,11 +57,11 @@ QUIET_WAIT_S = 30.0
 
 
 def engine_bindings() -> dict[str, tuple[Any, Any]]:
-    """The engine's functions as this module holds them, with the ones measure/timing.py had at import: a
-    test that patched them here would time with its own clock (the patched-timer check compares them)."""
+    """The engine's functions as this module holds them, with the ones their modules had at import: a test
+    that patched them here would time with its own clock (the patched-timer check compares them)."""
     original = integrity.ORIGINAL_TIMERS
-    names = ("measure", "make_timer", "pooled")
-    return {f"{__name__}.{name}": (globals()[name], original[f"{Measurement.__module__}.{name}"]) for name in names}
+    homes = {"measure": Measurement, "pooled": Measurement, "make_timer": SampleTime, "host_time": HostTime}
+    return {f"{__name__}.{name}": (globals()[name], original[f"{t.__module__}.{name}"]) for name, t in homes.items()}
 
 
 def note_unchecked_faster(verdict: Verdict, stored: bl.BaselineEntry | None, case_offset_on: bool) -> None:

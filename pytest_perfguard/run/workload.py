@@ -18,7 +18,7 @@ import torch
 from ..marker import VARIANT_ARG, PerfCase, Variant
 from ..measure import integrity
 from ..measure.correctness import Inputs, Oracle
-from ..measure.timing import Call
+from ..measure.timers import Call
 from ..record import Param
 
 

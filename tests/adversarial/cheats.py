@@ -162,9 +162,9 @@ def patch_clock() -> Kernel:
 
 def patch_engine() -> Kernel:
     def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        from pytest_perfguard.measure import timing
+        from pytest_perfguard.measure import timers
 
-        sample = timing._CpuSample
+        sample = timers._CpuSample
         if not getattr(sample, "patched", False):
             real = sample.__call__
 

@@ -30,7 +30,8 @@ from pytest_perfguard.measure.device import (
     process_name,
     steady_clock,
 )
-from pytest_perfguard.measure.timing import CpuTimer, MeasureConfig, measure
+from pytest_perfguard.measure.timers import CpuTimer
+from pytest_perfguard.measure.timing import MeasureConfig, measure
 from pytest_perfguard.record import Status
 
 # --------------------------------------------------------------------------------------------- CPU rule
@@ -230,7 +231,7 @@ def test_a_busy_process_on_the_timing_threads_cpu_is_seen() -> None:
 
 @dataclass
 class Recorder:
-    """A timing.Watch that logs its calls and reports what it is told to."""
+    """A timers.Watch that logs its calls and reports what it is told to."""
 
     problem_at_stop: str | None = None
     problem_at_block: int | None = None

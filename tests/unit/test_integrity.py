@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pytest_perfguard.measure import integrity, peaks
 from pytest_perfguard.measure.correctness import check
 from pytest_perfguard.measure.peaks import DeviceSpec, Peak, impossible_speed, peak_for, percent_of_peak
-from pytest_perfguard.measure.timing import CpuTimer
+from pytest_perfguard.measure.timers import CpuTimer
 
 
 def _attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -108,19 +108,23 @@ def test_a_patched_clock_or_engine_function_is_named(monkeypatch: pytest.MonkeyP
     assert integrity.patched_timers() == []
     monkeypatch.setattr(time, "perf_counter_ns", lambda: 0)
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, other: 0.0)
-    from pytest_perfguard.measure import timing
+    from pytest_perfguard.measure import hosttime, timers, timing
 
-    monkeypatch.setattr(timing.CpuTimer, "prepare", lambda self, calls: None)
+    monkeypatch.setattr(timers.CpuTimer, "prepare", lambda self, calls: None)
+    monkeypatch.setattr(timing, "pooled", lambda *a: None)
+    monkeypatch.setattr(hosttime, "host_time", lambda *a, **k: None)
     assert integrity.patched_timers() == [
         "time.perf_counter_ns",
         "torch.cuda.Event.elapsed_time",
-        "pytest_perfguard.measure.timing.CpuTimer.prepare",
+        "pytest_perfguard.measure.timers.CpuTimer.prepare",
+        "pytest_perfguard.measure.timing.pooled",
+        "pytest_perfguard.measure.hosttime.host_time",
     ]
     marker = object()
     assert integrity.patched_timers({"runner.measure": (marker, object())})[-1] == "runner.measure"
 
 
-@pytest.mark.parametrize("name", ["measure", "make_timer", "pooled"])
+@pytest.mark.parametrize("name", ["measure", "make_timer", "pooled", "host_time"])
 def test_an_engine_function_patched_during_the_case_is_seen_after_timing(
     monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
@@ -159,13 +163,13 @@ def _copies(fn: Callable[..., torch.Tensor], members: int = 2, reps: int = 3) ->
     inputs = {i: _inputs(100 + i) for i in range(members * reps)}
     outputs: dict[int, object] = {}
 
-    def member(j: int) -> Callable[[], integrity.timing.SampleTime]:
-        def run() -> integrity.timing.SampleTime:
+    def member(j: int) -> Callable[[], integrity.timers.SampleTime]:
+        def run() -> integrity.timers.SampleTime:
             t0 = time.perf_counter_ns()
             for i in range(j * reps, (j + 1) * reps):
                 outputs[i] = fn(*inputs[i][0])
             per_call = (time.perf_counter_ns() - t0) / reps
-            return integrity.timing.SampleTime(per_call, per_call)
+            return integrity.timers.SampleTime(per_call, per_call)
 
         return run
 

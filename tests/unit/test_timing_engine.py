@@ -23,16 +23,8 @@ import pytest
 from pytest_perfguard.judge.baseline import BaselineEntry
 from pytest_perfguard.judge.stats import relative_half_width
 from pytest_perfguard.judge.verdict import INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, ab_gate, ab_progress, decide
-from pytest_perfguard.measure.timing import (
-    MIN_COPIES,
-    CpuTimer,
-    MeasureConfig,
-    Measurement,
-    SampleTime,
-    choose_reps,
-    measure,
-    pooled,
-)
+from pytest_perfguard.measure.timers import MIN_COPIES, CpuTimer, SampleTime
+from pytest_perfguard.measure.timing import MeasureConfig, Measurement, choose_reps, measure, pooled
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200_attention_timing_samples.json.xz"
 GPU_POLICY = Policy(margin=0.02, alpha=0.05, family_size=1, noise_floor=0.003, ratio_noise_floor=0.002)

@@ -9,7 +9,7 @@ import random
 from pytest_perfguard.judge import baseline as bl
 from pytest_perfguard.judge import verdict as vd
 from pytest_perfguard.judge.policy import HOST_MARGIN, REFERENCE_BAND
-from pytest_perfguard.measure import timing
+from pytest_perfguard.measure import hosttime, timing
 from pytest_perfguard.measure.device import CUDA_TIMING, incomparable
 from pytest_perfguard.record import CaseRecord, Gate, Status
 from pytest_perfguard.run import outcome
@@ -81,11 +81,11 @@ def test_the_eager_blocks_are_sized_on_the_whole_call_not_the_device_time() -> N
 
         return run
 
-    host = timing.host_time(
+    host = hosttime.host_time(
         {"v": [call(100_000)] * 4, "a": [call(50_000)] * 4}, lambda: None, per_call_ns=1_000.0, clock=clock
     )
-    assert host.calls_per_block == math.ceil(timing.HOST_BLOCK_NS / 100_000)
-    assert len(host.variant_blocks) == timing.HOST_BLOCKS
+    assert host.calls_per_block == math.ceil(hosttime.HOST_BLOCK_NS / 100_000)
+    assert len(host.variant_blocks) == hosttime.HOST_BLOCKS
     assert host.ratio is not None and host.ratio.estimate == 2.0
 
 
