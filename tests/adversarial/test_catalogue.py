@@ -112,7 +112,7 @@ EXPECTED = {
         r"global state changed: .*flash_sdp_enabled\(\): True -> False \(in the correctness calls\)",
     ),
     "patch_clock": ("flagged", r"patched timer: time\.perf_counter_ns"),
-    "patch_engine": ("flagged", r"patched timer: .*pytest_perfguard\.measure\.timing\._CpuSample\.__call__"),
+    "patch_engine": ("flagged", r"patched timer: .*pytest_perfguard\.measure\.timers\._CpuSample\.__call__"),
 }
 HONEST = {"honest", "sdpa", "honest16", "honest_degenerate"}
 
