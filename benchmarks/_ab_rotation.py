@@ -11,8 +11,12 @@ import os
 import pytest
 
 
+@pytest.hookimpl(trylast=True)  # after the plugin's configure has made the session state
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("AB_ROTATION") == "1":
-        from pytest_perfguard.run import timed
+        from dataclasses import replace
 
-        timed.in_update_process = lambda: True  # type: ignore[attr-defined]
+        from pytest_perfguard.run.state import STATE
+
+        state = config.stash[STATE]
+        state.role = replace(state.role, update_process=True)

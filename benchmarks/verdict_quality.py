@@ -68,8 +68,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_perfguard.judge import baseline as bl
-from pytest_perfguard.judge.baseline import NOISE_K
-from pytest_perfguard.judge.policy import NOISE_FLOOR, RATIO_NOISE_FLOOR
+from pytest_perfguard.judge.policy import NOISE_FLOOR, NOISE_K, RATIO_NOISE_FLOOR
 from pytest_perfguard.judge.verdict import FASTER, INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
 from pytest_perfguard.measure.timers import Call, CpuTimer, PreparedSample, SampleTime
 from pytest_perfguard.measure.timing import MeasureConfig, Measurement, measure, pooled

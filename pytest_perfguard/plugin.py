@@ -16,6 +16,7 @@ from .measure.visible import device_index
 from .record import CaseRecord
 from .report.writers import asked
 from .run import xdist as xd
+from .run.role import ROLE, Role, role_of
 from .run.session import finish
 from .run.state import (
     MERGED,
@@ -25,7 +26,6 @@ from .run.state import (
     RunSummary,
     baseline_file,
     device_id,
-    is_worker,
     make_state,
     state_of,
 )
@@ -92,6 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     mistake = st.rootdir_mistake(config)
     if mistake is not None:
         raise pytest.UsageError(mistake)
+    role = config.stash[ROLE] = Role.of(config)  # decided once: everything reads this value
     settings = st.from_config(config)
     for name, value in (xd.worker_paths(config) or {}).items():
         setattr(settings, name, Path(value))  # the controller's resolution: every process reads the same files
@@ -106,8 +107,8 @@ def pytest_configure(config: pytest.Config) -> None:
             pytest.PytestWarning("--perfguard-require-gpu: no CUDA GPU is visible; GPU variants will fail"),
             stacklevel=2,
         )
-    state = make_state(settings, config.rootpath, runs_cases=not xd.is_controller(config))
-    if settings.enabled and not is_worker(config):
+    state = make_state(settings, config.rootpath, runs_cases=not xd.is_controller(config), role=role)
+    if settings.enabled and not role.worker and not role.child:  # a child's parent session sweeps for itself
         _sweep_leftovers(settings)
     if settings.enabled:
         try:
@@ -124,7 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = state
     config.stash[MERGED] = Merged()
     state.on_timeout = lambda message, item: _flush_on_timeout(config, message, item)
-    if settings.update and settings.update_processes > 1 and not is_worker(config):
+    if settings.update and settings.update_processes > 1 and not role_of(config).worker:
         from .run.confirm import start_fresh_cases
 
         per_case = settings.case_timeout
@@ -145,10 +146,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _sweep_leftovers(settings: st.Settings) -> None:
     """What killed sessions left: confirmation temp folders, temp files of interrupted atomic writes."""
-    from .run.cleanup import in_child, sweep_atomic_temps, sweep_confirm_dirs
+    from .run.cleanup import sweep_atomic_temps, sweep_confirm_dirs
 
-    if in_child():
-        return  # its parent session is alive, and sweeps for itself
     sweep_confirm_dirs()
     for folder in {settings.baseline_dir, *(path.parent for _, path in asked(settings))}:
         sweep_atomic_temps(Path(folder))
@@ -161,7 +160,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         from .run import progress
 
         distributed = getattr(config.option, "dist", "no") != "no"
-        line = progress.setup(config, lambda: state.records, worker=is_worker(config), distributed=distributed)
+        line = progress.setup(config, lambda: state.records, worker=role_of(config).worker, distributed=distributed)
         state.progress = line.callback if line is not None and line.live else None
 
 
@@ -216,7 +215,7 @@ def _flush_on_timeout(config: pytest.Config, message: str, item: pytest.Item) ->
     from .run.confirm import abandon_batch
 
     abandon_batch(config, "the session ended on a timeout before the batch confirmation")  # records kept
-    if is_worker(config):
+    if role_of(config).worker:
         xd.send_timeout(config, item, message)
         return
     state = state_of(config)
@@ -236,14 +235,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    from .run.confirm import judged_alone
-
     perf = [i for i in items if i.get_closest_marker(MARK_NAME) is not None]
     # A batch's fresh process judges each case as a single confirmation does: a family of one.
     state = state_of(config)
-    state.family_size = 1 if judged_alone() else max(1, len(perf))
+    state.family_size = 1 if state.role.alone else max(1, len(perf))
     config.stash[MERGED].collected = {i.nodeid for i in perf}
-    if is_worker(config) and state.baseline is not None:
+    if role_of(config).worker and state.baseline is not None:
         xd.longest_first(items, state.baseline.cases)
 
 
@@ -323,7 +320,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if is_worker(config):
+    if role_of(config).worker:
         xd.worker_output(config)
         return
     state, merged = state_of(config), config.stash[MERGED]
@@ -346,7 +343,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    if is_worker(config) or SUMMARY not in config.stash:
+    if role_of(config).worker or SUMMARY not in config.stash:
         return
     state = state_of(config)
     summary = config.stash[SUMMARY]

@@ -84,12 +84,11 @@ from .policy import (
     AB_OFFSET_LEVEL,
     AB_OFFSET_MIN_READINGS,
     MAX_SAMPLES,
+    NOISE_K,
     OffsetFit,
     fit_process_offset,
     sample_threshold,
 )
-from .policy import NOISE_K as NOISE_K  # re-exported
-from .policy import case_threshold as case_threshold  # re-exported: callers of the one-process rule
 from .stats import normal_quantile, t_quantile
 
 SCHEMA_VERSION = 3

@@ -22,25 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 CONFIRM_PREFIX = "perfguard-confirm-"
-CHILD_ENV = "PERFGUARD_CONFIRMING"  # set in the fresh process, so it does not confirm again
-# Set in an update's further processes: the times they measure are stored, under A/A too.
-UPDATE_PROCESS_ENV = "PERFGUARD_UPDATE_PROCESS"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # A leftover whose owner cannot be told (no pid in its name) is removed only when this old.
 UNKNOWN_OWNER_AGE_S = 24 * 3600
 # write_text_atomic's temp file: ".<name>.<pid>.<8 hex>.tmp"
 _ATOMIC_TMP = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.tmp$")
 _CONFIRM_DIR = re.compile(rf"^{CONFIRM_PREFIX}(?:(\d+)-)?")
-
-
-def in_child() -> bool:
-    """Whether this process is a fresh confirmation process (confirm.py starts it with CHILD_ENV set)."""
-    return os.environ.get(CHILD_ENV) == "1"
-
-
-def in_update_process() -> bool:
-    """Whether this process is one of an update's further processes (update.process_samples)."""
-    return in_child() and os.environ.get(UPDATE_PROCESS_ENV) == "1"
 
 
 def die_with_parent() -> Callable[[], None] | None:

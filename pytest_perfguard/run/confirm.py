@@ -52,16 +52,13 @@ from ..report.results import ResultsError, read_results
 from ..report.writers import PATH_SETTINGS
 from ..settings import BY_NAME, Settings
 from . import xdist as xd
-from .cleanup import CHILD_ENV, CONFIRM_PREFIX, UPDATE_PROCESS_ENV, die_with_parent, in_child
+from .cleanup import CONFIRM_PREFIX, die_with_parent
+from .role import ALONE_ENV, CHILD_ENV, UPDATE_PROCESS_ENV, role_of
 
 if TYPE_CHECKING:
     from ..judge.baseline import BaselineEntry
     from .state import SessionState
     from .watchdog import Deadline
-
-# Set in a batch's fresh process: each case there is judged as a single confirmation judges its one case
-# (a family of one), not widened for the batch's size.
-ALONE_ENV = "PERFGUARD_CONFIRM_ALONE"
 
 # The tail of this process's run a regression is replayed after (`RunOrder.window`): at most this many of the
 # items that preceded it, and no more of them than took this many seconds here (at least the one just before
@@ -74,15 +71,6 @@ CONTEXT_S = 120.0
 # A batch replays the windows of all its unrepeated regressions in one process, their union in run order;
 # its windows are admitted in run order while that union took at most this long here.
 CONTEXT_BATCH_S = 4 * CONTEXT_S
-
-
-def judged_alone() -> bool:
-    """This process confirms a batch: every case in it is judged as if it ran alone."""
-    return in_child() and os.environ.get(ALONE_ENV) == "1"
-
-
-def is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
 
 
 class CaseRun(Protocol):
@@ -305,7 +293,7 @@ def confirm_regression(run: CaseRun, verdict: Verdict) -> Confirmation:
     one process alone becomes inconclusive (or passes, judged on both processes together against a stored
     sample). Past the single confirmations it waits for the batch (`Batch`); when no confirmation can be
     had, the regression stands."""
-    if not run.state.settings.confirm or in_child():
+    if not run.state.settings.confirm or run.state.role.child:
         return Confirmation(Status.REGRESSED)
     return _reconfirm(run, verdict, Status.REGRESSED, ("ab", "baseline"), REGRESSED_TAIL)
 
@@ -317,7 +305,7 @@ def confirm_faster(run: CaseRun, verdict: Verdict) -> Confirmation:
     read as "faster" in 7 of 588 A/A verdicts. So the speed-up is checked in a fresh process: confirmed,
     it stands; "pass" there, the case passes (slower in neither process, faster in one only); anything else
     is inconclusive. Without a confirmation (off, the cap reached, a failed child) the verdict stands."""
-    if not run.state.settings.confirm or in_child():
+    if not run.state.settings.confirm or run.state.role.child:
         return Confirmation(Status.FASTER)
     return _reconfirm(run, verdict, Status.FASTER, ("ab",), ": a process-dependent time")
 
@@ -462,7 +450,7 @@ def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict:
     limit = run.state.policy().baseline_delta(stored)
     moved = math.log(median_ns / stored.median_ns)
     status = verdict.status
-    if abs(moved) <= math.log1p(limit) or not run.state.settings.confirm or in_child():
+    if abs(moved) <= math.log1p(limit) or not run.state.settings.confirm or run.state.role.child:
         return Confirmation(status)
     here = f"{math.expm1(moved) * 100:+.1f}%"
     fresh = _fresh(run)
@@ -709,7 +697,7 @@ class Batch:
     def install(cls, config: pytest.Config, state: SessionState) -> None:
         """The batch of a session that confirms regressions (not of a fresh process, nor of an update)."""
         s = state.settings
-        if not s.enabled or s.update or not s.confirm or in_child():
+        if not s.enabled or s.update or not s.confirm or state.role.child:
             return
         batch = cls(config, state)
         config.stash[BATCH] = batch
@@ -750,7 +738,7 @@ class Batch:
             _log(item, reports)
         else:
             held.reports = reports
-        if self.state.poisoned_by == item.nodeid and is_worker(self.config):
+        if self.state.poisoned_by == item.nodeid and role_of(self.config).worker:
             self.settle()  # the worker leaves after this item (xdist_support.exit_if_poisoned)
         return True
 
@@ -896,7 +884,7 @@ def _log(item: pytest.Item, reports: Sequence[pytest.TestReport]) -> None:
 def _say(config: pytest.Config, text: str) -> None:
     """A line on the terminal, past output capture (a batch can take minutes); nothing in a worker."""
     reporter = config.pluginmanager.getplugin("terminalreporter")
-    if reporter is None or is_worker(config):
+    if reporter is None or role_of(config).worker:
         return
     capture = config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture is not None else nullcontext():

@@ -19,7 +19,7 @@ from ..judge.policy import (
 from ..judge.verdict import MACHINE_MOVED, UNCHECKED_FASTER
 from ..record import CaseRecord, Outcome, Status
 from ..settings import shown
-from .state import UNCOMPARED, UNJUDGED, RunSummary, SessionState, baseline_file, under_ci
+from .state import UNCOMPARED, UNJUDGED, RunSummary, SessionState, baseline_file
 
 
 def nothing_timed(records: list[CaseRecord]) -> str:
@@ -211,13 +211,13 @@ def decided(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> No
         "or compare head and base in one process, which cancels the machine (--perfguard-against origin/main)"
     )
     text = f"perfguard: {len(unverified)} case(s) unverified: the guard could not rule out a regression:\n{shown_ids}"
-    if under_ci() and len(unverified) > allowed:
+    if state.role.ci and len(unverified) > allowed:
         out.errors.append(
             f"{text}\nUnder CI an unverified case is not a pass: this fails the run ({allowed} allowed by "
             f"--perfguard-allow-unverified={s.allow_unverified}). To fix: {advice}"
         )
     else:
-        where = f"within the {allowed} allowed" if under_ci() else "a warning here; under CI they fail the run"
+        where = f"within the {allowed} allowed" if state.role.ci else "a warning here; under CI they fail the run"
         out.messages.append(f"{text}\n({where}.) To decide them: {advice}")
 
 
@@ -276,7 +276,7 @@ def _nothing_compared(state: SessionState, out: RunSummary) -> None:
     text = f"perfguard: no timed case was compared with anything: looked in {where}; {fix}"
     if s.allow_missing:
         out.messages.append(text + " (allowed by --perfguard-allow-missing)")
-    elif under_ci():
+    elif state.role.ci:
         out.errors.append(text + ". Under CI this fails the run; --perfguard-allow-missing allows it")
     else:
         out.messages.append(text + ". This passes locally but fails under CI")

@@ -32,7 +32,6 @@ from ..measure.device import incomparable, lock_name, manual_seed
 from ..measure.timing import Progress
 from ..record import CaseRecord, Outcome, Status
 from .checks import IntegrityChecks
-from .cleanup import in_child
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .state import SessionState
 from .timed import TimedStep, engine_bindings, note_unchecked_faster, timer_for
@@ -398,7 +397,7 @@ class Runner:
         elif status is Status.FASTER and not s.update and "ab" in (verdict.deciding or ()):
             confirmation = confirm_faster(self, verdict)
             status = confirmation.status
-            if status is Status.FASTER and not in_child():
+            if status is Status.FASTER and not self.state.role.child:
                 note_unchecked_faster(verdict, stored, s.ab_case_offset)
         elif (
             s.update

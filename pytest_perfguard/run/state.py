@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from ..judge.verdict import Policy
 from ..measure.visible import cpu_model, cuda_gpus, device_index
 from ..record import CaseRecord, Status
 from ..settings import Settings
+from .role import Role
 
 if TYPE_CHECKING:
     from ..measure.timing import Progress
@@ -41,6 +41,7 @@ class SessionState:
     """Per-process run state (kept in config.stash)."""
 
     settings: Settings
+    role: Role = field(default_factory=Role)  # which kind of process this is (role.py), decided at configure
     # the device dictionary (measure.device.fingerprint); None until first read (`device_info`): an xdist
     # controller takes its first worker's (xdist.node_down), so that it never waits for torch
     fingerprint: dict[str, Any] | None = None
@@ -98,15 +99,13 @@ class SessionState:
         return NOISE_FLOOR[self.kind]
 
     def policy(self) -> Policy:
-        from .cleanup import in_child
-
         return Policy(
             margin=self.settings.margin,
             alpha=self.settings.alpha,
             family_size=self.family_size,
             noise_floor=self.noise_floor,
             ratio_noise_floor=RATIO_NOISE_FLOOR[self.kind],
-            confirm=self.settings.confirm and not in_child(),  # as confirm.confirm_regression decides
+            confirm=self.settings.confirm and not self.role.child,  # as confirm.confirm_regression decides
             prior_spread=self.prior[0],
             prior_ratio_spread=self.prior[1],
         )
@@ -123,10 +122,12 @@ class SessionState:
         return self._prior[1]
 
 
-def make_state(settings: Settings, rootdir: Path | None = None, *, runs_cases: bool = True) -> SessionState:
+def make_state(
+    settings: Settings, rootdir: Path | None = None, *, runs_cases: bool = True, role: Role | None = None
+) -> SessionState:
     """The process's state. A process that runs no case (an xdist controller) reads its device's fingerprint
     later (`SessionState.device_info`)."""
-    state = SessionState(settings=settings)
+    state = SessionState(settings=settings, role=role or Role())
     if runs_cases:
         state.device_info  # noqa: B018 (read now: a case's timing must not pay for it)
         if settings.enabled:  # before any test module is imported: the state every case is timed in
@@ -159,10 +160,6 @@ def device_id(state: SessionState) -> str:
     return cpu_model()
 
 
-def under_ci() -> bool:
-    return any(os.environ.get(k, "").strip().lower() not in ("", "0", "false") for k in ("CI", "GITHUB_ACTIONS"))
-
-
 @dataclass
 class Merged:
     """What the controller gathers from every process of the run."""
@@ -186,7 +183,3 @@ SUMMARY = pytest.StashKey[RunSummary]()
 
 def state_of(config: pytest.Config) -> SessionState:
     return config.stash[STATE]
-
-
-def is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")

@@ -44,7 +44,6 @@ from ..measure.timing import (
 from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
 from .checks import DeviceLock, capture_error
-from .cleanup import in_update_process
 from .state import SessionState, device_id
 from .workload import Trial, count, describe_workload, finite, input_bytes, normalize_inputs, tensor_bytes
 
@@ -157,7 +156,10 @@ class TimedStep:
         # reported, and need not narrow unless a max_ratio gate judges it. Head and base share their input
         # copies, so they need no rotation over them; an update's A/A process stores its times, and does.
         return replace(
-            cfg, ab_progress=progress, stop_on_ratio=trial.max_ratio is not None, spread_copies=in_update_process()
+            cfg,
+            ab_progress=progress,
+            stop_on_ratio=trial.max_ratio is not None,
+            spread_copies=self.state.role.update_process,
         )
 
     def measure_and_judge(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..judge import baseline as bl
 from ..judge.policy import (
+    NOISE_K,
     RATIO_NOISE_FLOOR,
     WIDE_INTERVAL,
     WIDE_MARGIN,
@@ -84,7 +85,7 @@ def update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str]
             entries,
             noise_floor=state.noise_floor,
             change_threshold=None if s.join else s.margin,
-            noise_k=bl.NOISE_K,
+            noise_k=NOISE_K,
         )
     except (bl.BaselineError, OSError, ValueError) as exc:
         out.errors.append(f"perfguard: baseline not written: {exc}")

@@ -27,7 +27,8 @@ from ..measure.visible import gpu_names as gpu_names  # re-exported: the seam te
 from ..record import CaseRecord, Outcome, Status, dumps_records, loads_records
 from ..report.writers import PATH_SETTINGS
 from .progress import PROGRESS
-from .state import MERGED, STATE, is_worker, state_of
+from .role import role_of
+from .state import MERGED, STATE, state_of
 
 WORKER_POISONED_EXIT = 3
 RECORDS_ATTR = "perfguard_records"
@@ -46,7 +47,7 @@ def attach_records(config: pytest.Config, report: pytest.TestReport) -> None:
 
 
 def mark_report(item: pytest.Item, report: pytest.TestReport) -> None:
-    if is_worker(item.config) and STATE in item.config.stash:
+    if role_of(item.config).worker and STATE in item.config.stash:
         if item.get_closest_marker(MARK_NAME) is not None:
             setattr(report, ITEM_ATTR, True)
         attach_records(item.config, report)
@@ -56,7 +57,7 @@ def exit_if_poisoned(item: pytest.Item) -> None:
     """A worker whose CUDA context a case poisoned leaves before xdist marks the item complete: the
     controller starts a fresh worker and hands it this worker's remaining cases."""
     config = item.config
-    if not (is_worker(config) and STATE in config.stash and state_of(config).poisoned_by == item.nodeid):
+    if not (role_of(config).worker and STATE in config.stash and state_of(config).poisoned_by == item.nodeid):
         return
     worker = config.workerinput["workerid"]  # type: ignore[attr-defined]
     sys.stderr.write(
@@ -80,7 +81,7 @@ def send_timeout(config: pytest.Config, item: pytest.Item, message: str) -> None
 def late_reports(config: pytest.Config) -> bool:
     """Whether this process can log an item's reports after the item's protocol ended (confirm.Batch):
     always outside an xdist worker; in one, when its reporter is one that `reporting_as` can point."""
-    return not is_worker(config) or _worker_reporter(config) is not None
+    return not role_of(config).worker or _worker_reporter(config) is not None
 
 
 @contextlib.contextmanager
@@ -101,7 +102,7 @@ def reporting_as(item: pytest.Item) -> Iterator[None]:
 
 def _worker_reporter(config: pytest.Config) -> Any:
     """xdist's worker-side reporter (its WorkerInteractor), when this is a worker and it has one."""
-    if not is_worker(config):
+    if not role_of(config).worker:
         return None
     for plugin in config.pluginmanager.get_plugins():
         if type(plugin).__name__ == "WorkerInteractor" and hasattr(plugin, "item_index"):
@@ -147,7 +148,7 @@ def node_down(node: Any) -> None:
 
 def is_controller(config: pytest.Config) -> bool:
     """This process is an xdist controller: it starts workers and runs no case itself."""
-    return not is_worker(config) and getattr(config.option, "dist", "no") != "no"
+    return not role_of(config).worker and getattr(config.option, "dist", "no") != "no"
 
 
 def worker_index(config: pytest.Config) -> int:
@@ -245,7 +246,7 @@ def gpu_lines(names: Sequence[str], workers: int, *, enabled: bool, pinned: int 
 
 def gpu_header(config: pytest.Config, settings: st.Settings) -> list[str]:
     """gpu_lines for this run, in the process that prints the header (a worker prints none)."""
-    if not settings.device.startswith("cuda") or is_worker(config):
+    if not settings.device.startswith("cuda") or role_of(config).worker:
         return []
     distributed = getattr(config.option, "dist", "no") != "no"
     workers = int(getattr(config.option, "numprocesses", 0) or 0) if distributed else 0
@@ -362,5 +363,5 @@ def update_devices(config: pytest.Config) -> list[str]:
 
 
 def controller_setup(config: pytest.Config) -> None:
-    if not is_worker(config) and config.pluginmanager.hasplugin("xdist"):
+    if not role_of(config).worker and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(Controller(config), CONTROLLER)

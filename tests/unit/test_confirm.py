@@ -159,7 +159,8 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
     the memory this process keeps cached on the GPU is given back before either starts."""
     import torch
 
-    from pytest_perfguard.run import cleanup, confirm
+    from pytest_perfguard.run import confirm
+    from pytest_perfguard.run.role import Role
 
     seen: dict[str, str] = {}
     events: list[str] = []
@@ -185,9 +186,8 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
     got = confirm.start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None, update=update).result()
     assert isinstance(got, str) and "wrote no result" in got
     assert events == ["released", "child"]
-    for name in (cleanup.CHILD_ENV, cleanup.UPDATE_PROCESS_ENV):
-        monkeypatch.setenv(name, seen[name])
-    assert cleanup.in_update_process() is update
+    role = Role.of(None, seen)  # the role the child decides at its configure, from the environment it got
+    assert role.child and role.update_process is update and not role.alone
 
 
 def test_a_fresh_process_past_its_timeout_is_killed_and_says_so(pytestconfig: pytest.Config) -> None:
