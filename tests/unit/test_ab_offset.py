@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from benchmarks.ab_campaign import process_offset
 from pytest_perfguard.commands.cli import main
 from pytest_perfguard.judge.baseline import (
     SCHEMA_VERSION,
@@ -115,22 +114,6 @@ def test_the_fit_does_not_depend_on_the_order_of_its_readings() -> None:
     shuffled = list(rows)
     random.Random(5).shuffle(shuffled)
     assert fit_process_offset(rows) == fit_process_offset(shuffled)
-
-
-def test_unclipped_it_is_the_campaigns_root_mean_square_fit() -> None:
-    """With the clip out of reach the fit is the rule the built-in value was fitted by (benchmarks/ab_campaign.py)."""
-    rows = readings(random.Random(6), 300, 0.002)
-    as_records = [
-        {
-            "median_ns": 50_000.0,
-            "gates": [{"gate": "ab", "estimate": math.exp(e), "ci": [math.exp(e - Z975 * s), math.exp(e + Z975 * s)]}],
-        }
-        for e, s in rows
-    ]
-    campaign = process_offset(as_records)
-    fit = fit_process_offset(rows, clip=50.0)
-    assert campaign is not None and fit is not None
-    assert fit.fit == pytest.approx(campaign, rel=1e-6)
 
 
 def test_one_kernel_with_a_large_offset_of_its_own_does_not_set_its_class() -> None:
