@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from test_plugin import CONFTEST, run
 
-from pytest_perfguard.run import confirm
+from pytest_perfguard.run import context
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end, with fresh processes
@@ -113,7 +113,7 @@ def _after(record: dict[str, Any]) -> str:
 
 
 def _expected_after(case: str, ran: list[str]) -> str:
-    """The note's names of the items that ran before `case` (as confirm._cases abbreviates them)."""
+    """The note's names of the items that ran before `case` (as context.cases_text abbreviates them)."""
     before = ran[: ran.index(case)]
     if len(before) <= 3:
         return ", ".join(before)
@@ -169,7 +169,7 @@ def test_a_slowdown_left_further_back_than_the_bound_gets_past(
     behind, and stays unconfirmed, though the suite shows its slowdown every time. At the real bound this
     takes more than 32 cases, or more than 120 s of them, between the two (in-process: the bound is patched
     in this process's copy of the plugin)."""
-    monkeypatch.setattr(confirm, "CONTEXT_CASES", 1)
+    monkeypatch.setattr(context, "CONTEXT_CASES", 1)
     result = _guard(project, MODES["no-xdist"], env={"PLANT_ORDER": "1.5"})
     result.assert_outcomes(passed=4, failed=1)
     attn = _attn(project)

@@ -19,7 +19,7 @@ pytest_plugins = ["pytester"]
 
 OUTER = """
 import os, time
-from pytest_perfguard.run.confirm import run_fresh
+from pytest_perfguard.run.fresh import run_fresh
 from pytest_perfguard.settings import Settings
 
 def test_outer(request):

@@ -19,24 +19,19 @@ A slowdown can also belong to what ran before the case: an autotune cache keyed 
 configuration another shape tuned (+57% and +62% on an H100, in the suite only). Alone, a fresh process
 cannot repeat that, yet a user's CI runs the whole suite, where it lives. So a regression that the fresh
 process does not repeat is run once more in a fresh process after the cases that preceded it here, in this
-process's own order (`RunOrder`; an xdist worker's own, not the collection's), and fails the case if it
-regresses there ("only after ..."). The replay is a bounded tail (`CONTEXT_CASES`, `CONTEXT_S`): a slowdown
-that needs an earlier case than that is not seen by it (tests/test_context_confirm.py).
+process's own order (context.py's `RunOrder`; an xdist worker's own, not the collection's), and fails the case
+if it regresses there ("only after ..."). The replay is a bounded tail (`CONTEXT_CASES`, `CONTEXT_S`): a
+slowdown that needs an earlier case than that is not seen by it (tests/test_context_confirm.py). The fresh
+processes themselves are started by fresh.py.
 """
 
 from __future__ import annotations
 
-import gc
 import math
-import os
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import pytest
@@ -47,30 +42,16 @@ from _pytest.runner import get_reraise_exceptions, runtestprotocol
 from ..judge.policy import BATCH_TIME_FACTOR, CONFIRM_PROCESSES, process_mean, within_together
 from ..judge.verdict import Gate, Verdict
 from ..marker import MARK_NAME
-from ..record import CaseRecord, Confirmed, Outcome, Status
-from ..report.results import ResultsError, read_results
-from ..report.writers import PATH_SETTINGS
-from ..settings import BY_NAME, Settings
+from ..record import CaseRecord, Confirmed, Status
 from . import xdist as xd
-from .cleanup import CONFIRM_PREFIX, die_with_parent
-from .role import ALONE_ENV, CHILD_ENV, UPDATE_PROCESS_ENV, role_of
+from .context import RUN_ORDER, Context, RunOrder, aside, cases_text, replay_in_context, unmeasured, unrepeated
+from .fresh import confirmed_of, run_fresh, say, start_fresh_cases
+from .role import role_of
 
 if TYPE_CHECKING:
     from ..judge.baseline import BaselineEntry
     from .state import SessionState
     from .watchdog import Deadline
-
-# The tail of this process's run a regression is replayed after (`RunOrder.window`): at most this many of the
-# items that preceded it, and no more of them than took this many seconds here (at least the one just before
-# it). A slowdown left by another case comes from the same kernel's other shapes or variants far more often
-# than from anything else, and those run together (a parametrization's cases are adjacent; an xdist worker
-# sorts perf cases by stored time, which keeps a kernel's shapes near one another), so a tail of 32 covers a
-# seed grid; 120 s is about 15-25 GPU cases at the default budget, and each replay costs that again.
-CONTEXT_CASES = 32
-CONTEXT_S = 120.0
-# A batch replays the windows of all its unrepeated regressions in one process, their union in run order;
-# its windows are admitted in run order while that union took at most this long here.
-CONTEXT_BATCH_S = 4 * CONTEXT_S
 
 
 class CaseRun(Protocol):
@@ -98,165 +79,6 @@ class Confirmation:
     deferred: bool = False  # past the single confirmations: the batch settles it (Batch)
 
 
-def _plugin_args(config: pytest.Config) -> list[str]:
-    """The `-p NAME` options of the original invocation (the plugin may be loaded that way)."""
-    args = [str(a) for a in config.invocation_params.args]
-    out: list[str] = []
-    for i, a in enumerate(args):
-        if a == "-p" and i + 1 < len(args):
-            out += ["-p", args[i + 1]]
-        elif a.startswith("-p") and len(a) > 2 and not a.startswith("--"):
-            out += ["-p", a[2:]]
-    return out
-
-
-def run_fresh(item: pytest.Item, settings: Settings, timeout_s: float | None) -> CaseRecord | str:
-    """Run `item` alone in a new process with these settings; its record, or why there is none."""
-    got = start_fresh_cases(item.config, [item.nodeid], settings, timeout_s).result()
-    if isinstance(got, str):
-        return got
-    return got.get(item.nodeid) or f"the fresh process did not run {item.nodeid}"
-
-
-@dataclass
-class FreshProcess:
-    """A fresh process started on some cases (start_fresh_cases); ``result`` waits for it. Its output goes to
-    a file, not a pipe: several of them can run at once (an update's processes, one per GPU) from this one
-    thread, and none blocks on a full pipe while another is waited for."""
-
-    folder: tempfile.TemporaryDirectory[str]
-    nodeids: list[str]  # the cases whose records are read (a replay's context cases run, but are not read)
-    timeout_s: float | None
-    started: float = field(default_factory=time.monotonic)
-    proc: subprocess.Popen[bytes] | None = None
-    error: str = ""
-
-    def result(self) -> dict[str, CaseRecord] | str:
-        """Its records by id, or why there are none; the process is killed past its timeout."""
-        folder = Path(self.folder.name)
-        try:
-            if self.proc is None:
-                return self.error
-            left = None if self.timeout_s is None else max(self.started + self.timeout_s - time.monotonic(), 0.0)
-            try:
-                self.proc.wait(timeout=left)
-            except BaseException as exc:  # its timeout, or this session interrupted: the child goes too
-                self.proc.kill()
-                self.proc.wait()
-                if isinstance(exc, subprocess.TimeoutExpired):
-                    return f"the fresh process did not finish in {self.timeout_s:g}s"
-                raise
-            if not (folder / "confirm.json").is_file():
-                tail = (folder / "output.txt").read_text(encoding="utf-8", errors="replace").strip().splitlines()
-                return f"the fresh process wrote no result (exit {self.proc.returncode}): " + " | ".join(tail[-3:])
-            return _records_of(folder / "confirm.json", self.nodeids, self.proc.returncode)
-        finally:
-            self.folder.cleanup()
-
-
-def start_fresh_cases(
-    config: pytest.Config,
-    nodeids: list[str],
-    settings: Settings,
-    timeout_s: float | None,
-    *,
-    total_budget: float = 0.0,
-    alone: bool = False,
-    update: bool = False,
-    judged: Sequence[str] | None = None,
-) -> FreshProcess:
-    """Start these items, in this order, in one new process with these settings (one start for many cases: a
-    batch of confirmations, an update's further processes); its ``result()`` waits for their records by id,
-    or says why there are none, and the process runs meanwhile. ``total_budget``: seconds of measurement the
-    process may spend (0: unlimited); ``alone``: judge each case as a family of one, as a single confirmation
-    does; ``update``: one of an update's processes, whose times are stored; ``judged``: the items whose
-    records are read, when the others only run before them (a replay in context, `replay_in_context`)."""
-    _release_device_memory()
-    read = list(nodeids) if judged is None else list(judged)
-    # The pid in the name lets the next session remove the folder if this one is killed.
-    fresh = FreshProcess(tempfile.TemporaryDirectory(prefix=f"{CONFIRM_PREFIX}{os.getpid()}-"), read, timeout_s)
-    folder = Path(fresh.folder.name)
-    env = _child_env(settings, folder / "confirm.json", total_budget, alone=alone, update=update)
-    try:
-        with (folder / "output.txt").open("wb") as output:
-            fresh.proc = subprocess.Popen(
-                _child_command(config, nodeids, in_order=judged is not None),
-                cwd=config.rootpath,
-                env=env,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent(),  # a kill -9 of this session must not leave it on the GPU
-            )
-    except OSError as exc:
-        fresh.error = f"could not start a fresh process: {exc}"
-    return fresh
-
-
-def _release_device_memory() -> None:
-    """The GPU memory this process's allocator keeps cached goes back to the driver before a fresh process
-    starts on the same GPU. An update's further processes time torch_hybrid S4096 (4 GiB of scores a graph)
-    against its twin, which alone can fill most of an H100."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        gc.collect()
-        torch.cuda.empty_cache()
-
-
-def _child_env(settings: Settings, out: Path, total_budget: float, *, alone: bool, update: bool) -> dict[str, str]:
-    """The fresh process's environment: this one's, with the settings handed over. Its results go to ``out``
-    alone (the reports are this run's to write), and only its records count: strict and missing-baseline
-    failures are this run's to decide."""
-    from ..measure.device import SESSION_PIDS_ENV, session_pids  # torch: not at import, see measure/visible.py
-
-    env = dict(os.environ)
-    env.pop("GITHUB_STEP_SUMMARY", None)
-    env.update(settings.child_env())
-    env.update({BY_NAME[name].env: "" for name in PATH_SETTINGS})  # it writes its results file and no other
-    env.update(
-        {
-            CHILD_ENV: "1",
-            "PERFGUARD_JSON": str(out),
-            "PERFGUARD_TOTAL_BUDGET": repr(float(total_budget)),
-            "PERFGUARD_STRICT": "0",
-            "PERFGUARD_ALLOW_MISSING": "1",
-            # This process and its xdist siblings hold a context on the GPU: not foreign load.
-            SESSION_PIDS_ENV: ",".join(str(p) for p in sorted(session_pids())),
-            ALONE_ENV: "1" if alone else "0",
-            UPDATE_PROCESS_ENV: "1" if update else "0",
-        }
-    )
-    return env
-
-
-def _child_command(config: pytest.Config, nodeids: list[str], *, in_order: bool = False) -> list[str]:
-    """pytest on these items with this session's rootdir, config file and `-p` plugins, in one process.
-    ``in_order``: a replay in context, whose items must all run, in the order given."""
-    cmd = [sys.executable, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", "--perfguard"]
-    cmd += ["--rootdir", str(config.rootpath), *_plugin_args(config)]
-    if config.inipath is not None:
-        cmd += ["-c", str(config.inipath)]
-    if config.pluginmanager.hasplugin("xdist"):
-        cmd += ["-n", "0"]  # overrides an `-n` in addopts: these cases, in this one process
-    if in_order:
-        # A context case that fails there must not stop the run before the case it precedes (an `-x` in
-        # addopts), and pytest-randomly would shuffle the order that is the point of the run.
-        cmd += ["--maxfail", "0", "-p", "no:randomly"]
-    return cmd
-
-
-def _records_of(path: Path, nodeids: list[str], returncode: int) -> dict[str, CaseRecord] | str:
-    """The records of these items in the fresh process's results file (read by the results codec), or why
-    there are none."""
-    try:
-        found = read_results(path).by_id()
-    except ResultsError as exc:
-        return f"the fresh process wrote a results file this version cannot read: {exc}"
-    records = {i: found[i] for i in nodeids if i in found}
-    if not records:
-        return f"the fresh process ran none of the {len(nodeids)} case(s) (exit {returncode})"
-    return records
-
-
 def _fresh(run: CaseRun) -> tuple[CaseRecord | str, Confirmed] | None:
     """The case run alone in a fresh process, within the session's cap: None once the cap is reached; else
     the child's record (or why there is none) and what to keep of it in this record's "confirmation"."""
@@ -265,24 +87,9 @@ def _fresh(run: CaseRun) -> tuple[CaseRecord | str, Confirmed] | None:
         return None
     state.confirmations += 1
     t0 = time.monotonic()
-    with run.clock.paused(), _aside(run.item.config):  # the fresh process has its own deadline
+    with run.clock.paused(), aside(run.item.config):  # the fresh process has its own deadline
         child = run_fresh(run.item, state.settings, run.fresh_process_timeout())
-    return child, _kept(child, round(time.monotonic() - t0, 1))
-
-
-def _kept(child: CaseRecord | str, spent: float) -> Confirmed:
-    """What a record keeps of its confirmation in a fresh process."""
-    if isinstance(child, str):
-        return Confirmed(error=child, elapsed_s=spent)
-    return Confirmed(
-        verdict=child.verdict,
-        median_ns=child.median_ns,
-        ci_ns=child.ci_ns,
-        ratio=child.ratio,
-        gates=list(child.gates),
-        reasons=list(child.reasons),
-        elapsed_s=spent,
-    )
+    return child, confirmed_of(child, round(time.monotonic() - t0, 1))
 
 
 REGRESSED_TAIL = ": a process-dependent time, not judged"
@@ -359,7 +166,7 @@ def settle(
             assert isinstance(context.child, CaseRecord)
             there = next((g.reason for g in context.child.gates if g.status is claim), None)
             text = (
-                f"confirmed in a fresh process{within} only after {_cases(context.after)}, as in this process "
+                f"confirmed in a fresh process{within} only after {cases_text(context.after)}, as in this process "
                 f"(alone it read {child.verdict}): {there or claim}"
             )
             return _noted(verdict, claim, context.kept(info), text)
@@ -480,187 +287,15 @@ def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict:
     return Confirmation(status, info)
 
 
-# ------------------------------------------------------------------------------------------ the context
-
-
-@dataclass
-class RanItem:
-    """An item this process ran, and what it took here."""
-
-    nodeid: str
-    took_s: float = 0.0  # its protocol less its fresh processes (`aside_s`); 0 while it runs
-    aside_s: float = 0.0
-
-
-class RunOrder:
-    """The items this process ran, in its order, and what each took: the context a regression is replayed
-    after (`replay_in_context`). A pytest plugin, installed with the session's `Batch`. Not the session's
-    records, which hold perf cases only, in the order they concluded (a batched regression's after the last
-    case), while a plain test can leave state behind too; not `session.items`, of which an xdist worker
-    runs its share, and in an order of its own (xdist.longest_first)."""
-
-    def __init__(self) -> None:
-        self.ran: list[RanItem] = []
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_protocol(
-        self, item: pytest.Item, nextitem: pytest.Item | None
-    ) -> Generator[None, object, object]:
-        entry = RanItem(item.nodeid)
-        self.ran.append(entry)  # before it runs: its own confirmation reads what preceded it
-        t0 = time.monotonic()
-        try:
-            return (yield)
-        finally:
-            entry.took_s = max(time.monotonic() - t0 - entry.aside_s, 0.0)
-
-    @contextmanager
-    def aside(self) -> Iterator[None]:
-        """Around a fresh process started during an item: not the item's time, which bounds a replay."""
-        t0 = time.monotonic()
-        try:
-            yield
-        finally:
-            if self.ran:
-                self.ran[-1].aside_s += time.monotonic() - t0
-
-    def window(self, nodeid: str) -> tuple[int, list[int]] | None:
-        """Where the item last ran here, and the items a replay runs before it: the newest of those that
-        preceded it, at most CONTEXT_CASES of them and CONTEXT_S of their time here (at least one), in
-        order. None when nothing ran before it."""
-        at = next((i for i in range(len(self.ran) - 1, -1, -1) if self.ran[i].nodeid == nodeid), None)
-        if at is None:
-            return None
-        kept: list[int] = []
-        spent = 0.0
-        for i in range(at - 1, -1, -1):
-            ran = self.ran[i]
-            if ran.nodeid == nodeid:
-                continue  # an earlier run of the same item (a rerun plugin): it is the one replayed
-            if len(kept) >= CONTEXT_CASES or (kept and spent + ran.took_s > CONTEXT_S):
-                break
-            kept.append(i)
-            spent += ran.took_s
-        return (at, kept[::-1]) if kept else None
-
-    def plan(self, nodeids: Sequence[str]) -> tuple[list[str], float, list[str]]:
-        """One replay for these items: what it runs (each one's window and the item, in this process's
-        order: a subsequence of what ran here, so no item runs after anything it did not follow here), what
-        the context items took here, and the items it replays. Windows are admitted in run order while their
-        union took at most CONTEXT_BATCH_S here; an item without a window is not replayed."""
-        windows = sorted((w for w in map(self.window, dict.fromkeys(nodeids)) if w is not None), key=lambda w: w[0])
-        chosen: set[int] = set()
-        targets: set[int] = set()
-        took = 0.0
-        for at, kept in windows:
-            more = [i for i in kept if i not in chosen and i not in targets]
-            cost = math.fsum(self.ran[i].took_s for i in more)
-            if targets and took + cost > CONTEXT_BATCH_S:
-                continue
-            chosen.update(more)
-            targets.add(at)
-            took += cost
-        ids = list(dict.fromkeys(self.ran[i].nodeid for i in sorted(chosen | targets)))
-        return ids, took, [self.ran[i].nodeid for i in sorted(targets)]
-
-
-RUN_ORDER = pytest.StashKey[RunOrder]()
-
-
-@dataclass
-class Context:
-    """What a replay after the cases that preceded a regression here made of it (`replay_in_context`)."""
-
-    after: list[str]  # what ran before it in the replay, in this process's order
-    child: CaseRecord | str  # its record there, or why there is none
-    elapsed_s: float  # the replay's seconds (shared by the cases one replay confirms)
-    bound_s: float = 0.0  # the replay's bound of measurement
-
-    @property
-    def reproduced(self) -> bool:
-        return isinstance(self.child, CaseRecord) and self.child.verdict is Status.REGRESSED
-
-    def said(self) -> str:
-        """A note's words on a replay that did not repeat the regression."""
-        if isinstance(self.child, str):
-            return f"not replayed after the cases that preceded it here: {self.child}"
-        if _unmeasured(self.child):
-            return (
-                f"not replayed after {_cases(self.after)}: the replay's bound of {self.bound_s:.0f} s of measurement "
-                "was spent before this case"
-            )
-        return f"{self.child.verdict} also in a fresh one that first ran {_cases(self.after)}, as this process did"
-
-    def kept(self, info: Confirmed | None) -> Confirmed:
-        """What the record keeps of a confirmation that the replay made: the replay's reading."""
-        spent = round((info.elapsed_s if info is not None else 0.0) + self.elapsed_s, 1)
-        return replace(_kept(self.child, spent), batch=info.batch if info is not None else None)
-
-    def added_to(self, info: Confirmed | None) -> Confirmed | None:
-        """The fresh process's reading kept, with the replay's seconds: the case's own time leaves both out."""
-        return None if info is None else replace(info, elapsed_s=round(info.elapsed_s + self.elapsed_s, 1))
-
-
-def _cases(ids: Sequence[str]) -> str:
-    """Items named in a note: a few by name; of many, the first two, the last and the count."""
-    if len(ids) <= 3:
-        return ", ".join(ids)
-    return f"{ids[0]}, {ids[1]} ... {ids[-1]} ({len(ids)} cases)"
-
-
-def _unrepeated(child: CaseRecord | str) -> bool:
-    """The fresh process measured the case and did not read it regressed."""
-    return isinstance(child, CaseRecord) and child.verdict is not Status.REGRESSED and not _unmeasured(child)
-
-
-@contextmanager
-def _aside(config: pytest.Config) -> Iterator[None]:
-    order = config.stash.get(RUN_ORDER, None)
-    with order.aside() if order is not None else nullcontext():
-        yield
-
-
 def _in_context(run: CaseRun, child: CaseRecord | str) -> Context | None:
     """A single confirmation's regression that its fresh process did not repeat, replayed after the cases
     that preceded it here; None when it was repeated (or not measured), or nothing ran before it."""
     order = run.item.config.stash.get(RUN_ORDER, None)
-    if order is None or not _unrepeated(child):
+    if order is None or not unrepeated(child):
         return None
     with run.clock.paused(), order.aside():
         got = replay_in_context(run.item.config, order, {run.item.nodeid: run.timing_s}, run.state.settings)
     return got.get(run.item.nodeid)
-
-
-def replay_in_context(
-    config: pytest.Config, order: RunOrder, timings: Mapping[str, float], settings: Settings
-) -> dict[str, Context]:
-    """These regressions (their ids, and what measuring each took here) run again in one fresh process,
-    each after the items that preceded it in this process, in its order (`RunOrder.plan`): only their
-    records are read, the context items' verdicts are the original run's. One without a window (it ran
-    first) has no entry. The replay measures for at most twice what its items took here, plus one case's
-    budget, as a batch does."""
-    ids, took, cases = order.plan(list(timings))
-    out: dict[str, Context] = {}
-    for nodeid in timings:
-        if nodeid not in cases and order.window(nodeid) is not None:
-            why = f"the replays of one batch run at most {CONTEXT_BATCH_S:.0f} s of this process's cases"
-            out[nodeid] = Context([], f"{why}, spent on the regressions before it", 0.0)
-    if not cases:
-        return out
-    bound = BATCH_TIME_FACTOR * (took + math.fsum(timings[c] for c in cases)) + settings.case_budget
-    timeout = 2 * settings.case_timeout * len(ids) + bound + 120 if settings.case_timeout else None
-    _say(
-        config,
-        f"perfguard: {len(cases)} regression(s) not repeated alone: run again in a fresh process after the "
-        f"{len(ids) - len(cases)} case(s) that preceded them here (at most {bound:.0f} s of measurement)",
-    )
-    t0 = time.monotonic()
-    got = start_fresh_cases(config, ids, settings, timeout, total_budget=bound, alone=True, judged=cases).result()
-    spent = round(time.monotonic() - t0, 1)
-    for nodeid in cases:
-        child = got if isinstance(got, str) else got.get(nodeid, "the replay did not run this case")
-        out[nodeid] = Context(ids[: ids.index(nodeid)], child, spent, bound)
-    return out
 
 
 # ------------------------------------------------------------------------------------------ the batch
@@ -784,7 +419,7 @@ class Batch:
         n, cap = len(ids), s.confirm_max
         bound = BATCH_TIME_FACTOR * math.fsum(w.run.timing_s for w in waiting) + s.case_budget
         timeout = 2 * s.case_timeout * n + bound + 120 if s.case_timeout else None
-        _say(
+        say(
             self.config,
             f"perfguard: confirming {n} regression(s) together in one fresh process (past the {cap} single "
             f"confirmations; at most {bound:.0f} s of measurement)",
@@ -799,14 +434,14 @@ class Batch:
         }
         # The regressions it did not repeat, replayed after what preceded each here: one more process.
         order = self.config.stash.get(RUN_ORDER, None)
-        unrepeated = {w.run.item.nodeid: w.run.timing_s for w in waiting if _unrepeated(children[w.run.item.nodeid])}
-        contexts = replay_in_context(self.config, order, unrepeated, s) if order is not None and unrepeated else {}
+        not_repeated = {w.run.item.nodeid: w.run.timing_s for w in waiting if unrepeated(children[w.run.item.nodeid])}
+        contexts = replay_in_context(self.config, order, not_repeated, s) if order is not None and not_repeated else {}
         answers: dict[str, Confirmation] = {}
         for w in waiting:
             case_id = w.run.item.nodeid
             child = children[case_id]
-            info = replace(_kept(child, spent), batch=n)
-            if isinstance(child, CaseRecord) and _unmeasured(child):
+            info = replace(confirmed_of(child, spent), batch=n)
+            if isinstance(child, CaseRecord) and unmeasured(child):
                 text = (
                     f"not confirmed in a fresh process ({where}): the batch's bound of {bound:.0f} s of measurement "
                     f"({BATCH_TIME_FACTOR:g}x what its cases took here, plus one case's budget) was spent before "
@@ -869,23 +504,7 @@ def abandon_batch(config: pytest.Config, why: str) -> None:
         batch.abandon(why, log=False)
 
 
-def _unmeasured(child: CaseRecord) -> bool:
-    """The batch's process reached its measurement bound before this case (runner: "not timed: total
-    budget spent")."""
-    return not child.timed and child.outcome is Outcome.PASSED and child.verdict is Status.INCONCLUSIVE
-
-
 def _log(item: pytest.Item, reports: Sequence[pytest.TestReport]) -> None:
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-
-
-def _say(config: pytest.Config, text: str) -> None:
-    """A line on the terminal, past output capture (a batch can take minutes); nothing in a worker."""
-    reporter = config.pluginmanager.getplugin("terminalreporter")
-    if reporter is None or role_of(config).worker:
-        return
-    capture = config.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture is not None else nullcontext():
-        reporter.write_line(text)

@@ -13,8 +13,9 @@ from pytest_perfguard.judge import policy
 from pytest_perfguard.judge.baseline import BaselineEntry, BaselineFile, ProcessSample
 from pytest_perfguard.judge.verdict import Gate, Verdict
 from pytest_perfguard.record import CaseRecord, Confirmed, Outcome, Status
-from pytest_perfguard.run import confirm
-from pytest_perfguard.run.confirm import Confirmation, Context, RanItem, RunOrder, settle
+from pytest_perfguard.run import context
+from pytest_perfguard.run.confirm import Confirmation, settle
+from pytest_perfguard.run.context import Context, RanItem, RunOrder
 from pytest_perfguard.run.state import SessionState, make_state
 from pytest_perfguard.settings import Settings
 
@@ -159,7 +160,7 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
     the memory this process keeps cached on the GPU is given back before either starts."""
     import torch
 
-    from pytest_perfguard.run import confirm
+    from pytest_perfguard.run import fresh
     from pytest_perfguard.run.role import Role
 
     seen: dict[str, str] = {}
@@ -179,11 +180,11 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
         def wait(self, timeout: float | None = None) -> int:
             return self.returncode
 
-    monkeypatch.setattr(confirm.subprocess, "Popen", FakeChild)
+    monkeypatch.setattr(fresh.subprocess, "Popen", FakeChild)
     # As on a GPU that this process has used: its cached memory goes back before the child starts.
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("released"))
-    got = confirm.start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None, update=update).result()
+    got = fresh.start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None, update=update).result()
     assert isinstance(got, str) and "wrote no result" in got
     assert events == ["released", "child"]
     role = Role.of(None, seen)  # the role the child decides at its configure, from the environment it got
@@ -193,9 +194,9 @@ def test_a_fresh_process_gets_the_gpu_memory_and_knows_if_its_times_are_stored(
 def test_a_fresh_process_past_its_timeout_is_killed_and_says_so(pytestconfig: pytest.Config) -> None:
     """A real child (pytest in a new interpreter) cannot import torch in 0.3 s: it is killed, its folder goes,
     and the reason names the timeout."""
-    from pytest_perfguard.run import confirm
+    from pytest_perfguard.run.fresh import start_fresh_cases
 
-    fresh = confirm.start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), 0.3)
+    fresh = start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), 0.3)
     assert fresh.proc is not None and fresh.proc.poll() is None  # running while this process goes on
     assert fresh.result() == "the fresh process did not finish in 0.3s"
     assert fresh.proc.returncode is not None and fresh.proc.returncode < 0  # killed
@@ -207,9 +208,9 @@ def test_a_fresh_process_goes_when_the_wait_for_it_is_interrupted(
 ) -> None:
     """A Ctrl-C while this session waits for its child (as subprocess.run does): the child is killed, not left
     timing on the GPU, and the interrupt goes on."""
-    from pytest_perfguard.run import confirm
+    from pytest_perfguard.run.fresh import start_fresh_cases
 
-    fresh = confirm.start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None)
+    fresh = start_fresh_cases(pytestconfig, ["t.py::a"], Settings(), None)
     proc = fresh.proc
     assert proc is not None
     real_wait = proc.wait
@@ -302,8 +303,8 @@ def _order(took: list[float]) -> RunOrder:
 
 def test_a_replay_runs_a_bounded_tail_of_what_preceded_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
     """At most CONTEXT_CASES items, at most CONTEXT_S of their time here, and at least the one before it."""
-    monkeypatch.setattr(confirm, "CONTEXT_CASES", 3)
-    monkeypatch.setattr(confirm, "CONTEXT_S", 10.0)
+    monkeypatch.setattr(context, "CONTEXT_CASES", 3)
+    monkeypatch.setattr(context, "CONTEXT_S", 10.0)
     assert _order([1.0] * 6).window("t.py::t5") == (5, [2, 3, 4])  # the count
     assert _order([1.0, 1.0, 6.0, 4.0, 1.0]).window("t.py::t4") == (4, [2, 3])  # the time: 4 + 6
     assert _order([1.0, 50.0, 0.0]).window("t.py::t2") == (2, [1])  # the one before it, however long
@@ -316,12 +317,12 @@ def test_one_replay_for_several_runs_the_union_of_their_windows_in_this_process_
 ) -> None:
     """A batch's regressions share one replay: a subsequence of what ran here, each after its own window;
     past CONTEXT_BATCH_S of items, later windows wait for no one and are left out."""
-    monkeypatch.setattr(confirm, "CONTEXT_CASES", 2)
+    monkeypatch.setattr(context, "CONTEXT_CASES", 2)
     order = _order([1.0] * 10)
     ids, took, cases = order.plan(["t.py::t8", "t.py::t3"])
     assert cases == ["t.py::t3", "t.py::t8"]
     assert ids == ["t.py::t1", "t.py::t2", "t.py::t3", "t.py::t6", "t.py::t7", "t.py::t8"]
     assert took == 4.0  # the context items only: the cases' own time is added by the caller
-    monkeypatch.setattr(confirm, "CONTEXT_BATCH_S", 3.0)
+    monkeypatch.setattr(context, "CONTEXT_BATCH_S", 3.0)
     ids, took, cases = order.plan(["t.py::t8", "t.py::t3"])
     assert cases == ["t.py::t3"] and ids == ["t.py::t1", "t.py::t2", "t.py::t3"]
