@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..judge.baseline import device_slug
+from ..slugs import device_slug
 from .visible import cpu_model, cuda_gpus, device_index
 
 # Keys whose change makes stored timings incomparable. The driver is recorded but not compared: it

@@ -19,6 +19,7 @@ from ..judge.verdict import Policy
 from ..measure.visible import cpu_model, cuda_gpus, device_index
 from ..record import CaseRecord, Status
 from ..settings import Settings
+from ..slugs import device_slug
 from .role import Role
 
 if TYPE_CHECKING:
@@ -90,9 +91,9 @@ class SessionState:
         if self.fingerprint is not None:
             return str(self.fingerprint["slug"])
         if self.kind == "cpu":
-            return "cpu-" + bl.device_slug(cpu_model())
+            return "cpu-" + device_slug(cpu_model())
         gpus, index = cuda_gpus(), device_index(self.settings.device)
-        return bl.device_slug(gpus[index].name) if index < len(gpus) else str(self.device_info["slug"])
+        return device_slug(gpus[index].name) if index < len(gpus) else str(self.device_info["slug"])
 
     @property
     def noise_floor(self) -> float:

@@ -22,13 +22,11 @@ from hypothesis import strategies as st
 from pytest_perfguard.jsonio import lock_file
 from pytest_perfguard.judge import baseline as bl
 from pytest_perfguard.judge.baseline import (
-    MIGRATIONS,
     SCHEMA_VERSION,
     BaselineEntry,
     BaselineError,
     BaselineFile,
     ProcessSample,
-    device_slug,
     dumps,
     migrate_file,
     read_baseline,
@@ -37,7 +35,9 @@ from pytest_perfguard.judge.baseline import (
     update_baseline,
     write_baseline,
 )
+from pytest_perfguard.judge.migrations import MIGRATIONS
 from pytest_perfguard.judge.policy import MAX_SAMPLES
+from pytest_perfguard.slugs import device_slug
 
 DEVICE: dict[str, Any] = {
     "slug": "nvidia-h100-80gb-hbm3",

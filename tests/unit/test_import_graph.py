@@ -8,7 +8,7 @@ one floor know nothing of each other:
     report, measure      presenting records; taking the numbers
     judge                decision rules, verdicts, the stored baseline, statistics
     record               the typed record of one case (record.py, explanation.py)
-    base                 settings, the user's API (marker.py), strict JSON and locks, git
+    base                 settings, the user's API (marker.py), strict JSON and locks, git, device slugs
 
 Every import counts: at module level, inside a function and under TYPE_CHECKING, because each is a
 dependency a reader has to follow. No module-level cycle either. The package's ``__init__`` (the public
@@ -44,6 +44,7 @@ TOP_LEVEL = {
     "jsonio": "base",
     "locks": "base",
     "gitrev": "base",
+    "slugs": "base",
 }
 FLOOR_OF = {part: n for n, parts in enumerate(FLOORS) for part in parts}
 
