@@ -1,5 +1,5 @@
 """Where the timed-output checks' time goes: runs selected guarded cases through the plugin in this process,
-with every step of `integrity.timed_outputs`, `every_copy` and `seen_values` timed between device
+with every step of `copies.timed_outputs`, `every_copy` and `seen_values` timed between device
 synchronisations, and prints a table per
 run: the case, the step, its wall time, and the driver allocations (cudaMalloc, cudaFree) the caching
 allocator made during it. With --profile, each case's check in the first run also runs under
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._output import DEFAULT_DIR  # noqa: E402
 from benchmarks._plugin import plugin_args  # noqa: E402
-from pytest_perfguard.measure import correctness, integrity  # noqa: E402
+from pytest_perfguard.measure import copies, correctness  # noqa: E402
 
 
 def _sync() -> None:
@@ -124,16 +124,16 @@ class Profiler:
 
             return run
 
-        self._patch(integrity, "judge_output", judge)
-        self._patch(integrity, "modified_input", steps.wrap("input unchanged?", integrity.modified_input))
-        self._patch(integrity, "screened", steps.wrap("screen (queued)", integrity.screened))
+        self._patch(copies, "judge_output", judge)
+        self._patch(copies, "modified_input", steps.wrap("input unchanged?", copies.modified_input))
+        self._patch(copies, "screened", steps.wrap("screen (queued)", copies.screened))
         self._patch(correctness.Oracle, "matches", steps.wrap("oracle matches?", correctness.Oracle.matches))
         for name, step in (
             ("timed_outputs", "last timed output"),
             ("every_copy", "every timed copy"),
             ("seen_values", "seen values"),
         ):
-            self._patch(integrity, name, profiled(step, getattr(integrity, name)))
+            self._patch(copies, name, profiled(step, getattr(copies, name)))
 
     def pytest_sessionfinish(self) -> None:
         for owner, name, old in reversed(self.patches):

@@ -71,7 +71,7 @@ class SeedReport:
 class Oracle:
     """What the float64 oracle said about one set of input values.
 
-    The correctness gate keeps those of its first seeds, so that the timed-output check (integrity.py) can
+    The correctness gate keeps those of its first seeds, so that the timed-output check (copies.py) can
     judge outputs on the same values without computing the reference again: for a large case the reference
     is the most expensive part of that check (benchmarks/results/integrity_2026-11-23/README.md).
     """
@@ -299,7 +299,7 @@ def screened(
     Stricter than judge_output, never looser: every element finite in output and reference alike, the
     native-precision bound without its half ulp, the atol/rtol backstop, the inputs bit-equal. A False is
     only a reason to judge the output in full, which says what is wrong or passes it; the timed-copy check
-    (integrity.every_copy) reads all its copies' screens in one transfer instead of a dozen per copy."""
+    (copies.every_copy) reads all its copies' screens in one transfer instead of a dozen per copy."""
     if type(out) is not torch.Tensor or out.numel() == 0:
         return None
     tensors = tensors_of(inputs)
@@ -375,7 +375,7 @@ def judge_output(
     oracle: Oracle | None = None,
 ) -> SeedReport:
     """Judges one output against the float64 oracle on `inputs`: type, shape, dtype, device, unwritten
-    elements and the error bounds. The timed-output check (integrity.py) reuses it on a replay's output,
+    elements and the error bounds. The timed-output check (copies.py) reuses it on a replay's output,
     with the oracle the gate kept for those values (`oracle`), or a new one."""
     tensors = tensors_of(inputs)
     floats = [t for _, t in tensors if t.is_floating_point()]

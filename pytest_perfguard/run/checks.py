@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from ..marker import Variant
-from ..measure import integrity, peaks
+from ..measure import copies, integrity, peaks
 from ..measure.correctness import CorrectnessReport, Inputs
 from ..measure.timers import Timer
 from ..measure.timing import Measurement
@@ -136,7 +136,7 @@ class IntegrityChecks:
         s, case = self.settings, trial.case
         overrides = [case.tolerance, trial.variant.tolerance]
         with self.lock(exclusive=True), self._check("timed outputs"):
-            wrong = integrity.timed_outputs(
+            wrong = copies.timed_outputs(
                 m.outputs, trial.first, case.reference, overrides, seed=trial.seeds[0], oracles=trial.oracles
             )
         if wrong or trial.timed is None or not m.members:
@@ -150,16 +150,16 @@ class IntegrityChecks:
             seed = draw_seeds(1, start + next(drawn) if start is not None else None)[0]
             return seed, trial.make_inputs(seed)
 
-        copies = integrity.TimedCopies(m.members, m.reps, trial.timed.inputs, m.outputs, fresh)
+        rotation = copies.TimedCopies(m.members, m.reps, trial.timed.inputs, m.outputs, fresh)
         # On a GPU the memo check's first look rides on the copies' check (one more replay a sample); a host
         # timer needs its own rounds, whose host work is the same for both kinds of values.
         pairs: list[float] | None = [] if self.kind == "cuda" else None
         with self.lock(exclusive=True), self._check("every timed copy"):
-            wrong = integrity.every_copy(copies, case.reference, overrides, pairs=pairs)
+            wrong = copies.every_copy(rotation, case.reference, overrides, pairs=pairs)
         if wrong:
             return wrong
         with self.lock(exclusive=True), self._check("seen values"):
-            seen = integrity.seen_values(copies, host=self.kind != "cuda", first=pairs or ())
+            seen = copies.seen_values(rotation, host=self.kind != "cuda", first=pairs or ())
         self.notes.append(seen.note)
         return seen.flag
 

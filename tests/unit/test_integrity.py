@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pytest_perfguard.measure import integrity, peaks
+from pytest_perfguard.measure import copies as timed_copies
+from pytest_perfguard.measure import integrity, peaks, timers
 from pytest_perfguard.measure.correctness import check
 from pytest_perfguard.measure.peaks import DeviceSpec, Peak, impossible_speed, peak_for, percent_of_peak
 from pytest_perfguard.measure.timers import CpuTimer
@@ -157,19 +158,19 @@ def _sample(fn: object, inputs: tuple[tuple[torch.Tensor, ...], dict[str, object
     return run
 
 
-def _copies(fn: Callable[..., torch.Tensor], members: int = 2, reps: int = 3) -> integrity.TimedCopies:
+def _copies(fn: Callable[..., torch.Tensor], members: int = 2, reps: int = 3) -> timed_copies.TimedCopies:
     """`members` timed samples of `reps` calls of `fn`, each on its own input copy, as measure() leaves them:
     each call keeps its output, and new values come from seeds never drawn before."""
     inputs = {i: _inputs(100 + i) for i in range(members * reps)}
     outputs: dict[int, object] = {}
 
-    def member(j: int) -> Callable[[], integrity.timers.SampleTime]:
-        def run() -> integrity.timers.SampleTime:
+    def member(j: int) -> Callable[[], timers.SampleTime]:
+        def run() -> timers.SampleTime:
             t0 = time.perf_counter_ns()
             for i in range(j * reps, (j + 1) * reps):
                 outputs[i] = fn(*inputs[i][0])
             per_call = (time.perf_counter_ns() - t0) / reps
-            return integrity.timers.SampleTime(per_call, per_call)
+            return timers.SampleTime(per_call, per_call)
 
         return run
 
@@ -182,14 +183,14 @@ def _copies(fn: Callable[..., torch.Tensor], members: int = 2, reps: int = 3) ->
         seed = next(drawn)
         return seed, _inputs(seed)
 
-    return integrity.TimedCopies(samples, reps, inputs, outputs, fresh)
+    return timed_copies.TimedCopies(samples, reps, inputs, outputs, fresh)
 
 
 def test_an_honest_kernel_passes_every_copy_and_gets_its_inputs_back() -> None:
     copies = _copies(_attn)
     before = {i: [t.clone() for t in x[0]] for i, x in copies.inputs.items()}
-    assert integrity.timed_outputs(copies.outputs, copies.inputs[0], _attn, [], seed=100) is None
-    assert integrity.every_copy(copies, _attn, []) is None
+    assert timed_copies.timed_outputs(copies.outputs, copies.inputs[0], _attn, [], seed=100) is None
+    assert timed_copies.every_copy(copies, _attn, []) is None
     assert all(torch.equal(a, b) for i, x in copies.inputs.items() for a, b in zip(before[i], x[0], strict=True))
 
 
@@ -203,9 +204,11 @@ def test_the_last_timed_output_is_judged_on_the_gates_oracle() -> None:
     report = check(_attn, counted, _inputs, [1, 2, 3], keep=2)
     inputs = _inputs(1)
     calls["n"] = 0
-    assert integrity.timed_outputs({0: _attn(*inputs[0])}, inputs, counted, [], seed=1, oracles=report.oracles) is None
+    assert (
+        timed_copies.timed_outputs({0: _attn(*inputs[0])}, inputs, counted, [], seed=1, oracles=report.oracles) is None
+    )
     assert calls["n"] == 0
-    msg = integrity.timed_outputs({0: torch.zeros(1, 2, 8, 4, dtype=torch.float64)}, inputs, _attn, [], seed=1)
+    msg = timed_copies.timed_outputs({0: torch.zeros(1, 2, 8, 4, dtype=torch.float64)}, inputs, _attn, [], seed=1)
     assert msg is not None and msg.startswith("timed output wrong: the output of the last timed call")
 
 
@@ -219,7 +222,7 @@ def test_work_skipped_on_copies_other_than_the_first_fails_on_that_copy() -> Non
 
     copies = _copies(lazy)
     copies.inputs[0][0][0].set_(first)  # copy 0 holds the tensor the variant recognises
-    msg = integrity.every_copy(copies, _attn, [])
+    msg = timed_copies.every_copy(copies, _attn, [])
     assert msg is not None and msg.startswith("timed output wrong on input copy 2 of 6 (seed ")
 
 
@@ -235,7 +238,7 @@ def test_a_memo_of_values_the_gate_saw_fails_because_the_refill_is_new() -> None
         key = q.numpy().tobytes()
         return memo[key].clone() if key in memo else torch.zeros_like(q)  # the "fast path" only
 
-    assert integrity.every_copy(_copies(memoised), _attn, []) is not None
+    assert timed_copies.every_copy(_copies(memoised), _attn, []) is not None
 
 
 def test_a_cache_keyed_by_pointer_and_a_mutation_are_named() -> None:
@@ -244,7 +247,7 @@ def test_a_cache_keyed_by_pointer_and_a_mutation_are_named() -> None:
     def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return cache.setdefault(q.data_ptr(), _attn(q, k, v)).clone()
 
-    msg = integrity.every_copy(_copies(cached), _attn, [])
+    msg = timed_copies.every_copy(_copies(cached), _attn, [])
     assert msg is not None and msg.startswith("timed output wrong on input copy 1 of 6")
 
     def scaling(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -252,7 +255,7 @@ def test_a_cache_keyed_by_pointer_and_a_mutation_are_named() -> None:
         q.mul_(2.0)
         return out
 
-    msg = integrity.every_copy(_copies(scaling), _attn, [])
+    msg = timed_copies.every_copy(_copies(scaling), _attn, [])
     assert msg is not None and msg.startswith(
         "input mutation: the timed calls modified input arg0 in place on input copy 1"
     )
@@ -281,8 +284,8 @@ def test_a_memo_on_tensor_versions_reads_faster_on_seen_values_and_is_flagged() 
         return out
 
     copies = _copies(versioned)
-    assert integrity.every_copy(copies, _attn, []) is None
-    seen = integrity.seen_values(copies, host=True)
+    assert timed_copies.every_copy(copies, _attn, []) is None
+    seen = timed_copies.seen_values(copies, host=True)
     assert seen.flag is not None and seen.flag.startswith("memo on seen inputs: on new input values"), seen
 
 
@@ -302,9 +305,9 @@ def test_on_a_gpu_the_first_look_is_the_copies_check_and_a_memo_still_shows() ->
 
     copies = _copies(versioned, members=3)
     pairs: list[float] = []
-    assert integrity.every_copy(copies, _attn, [], pairs=pairs) is None
+    assert timed_copies.every_copy(copies, _attn, [], pairs=pairs) is None
     assert len(pairs) == 3 and min(pairs) > 2.0, pairs
-    seen = integrity.seen_values(copies, host=False, first=pairs)
+    seen = timed_copies.seen_values(copies, host=False, first=pairs)
     assert seen.flag is not None and "median of 7 paired rounds" in seen.flag, seen
 
 
@@ -321,16 +324,16 @@ def test_the_second_run_of_a_sample_comes_after_its_check() -> None:
         met.add(key)
         return torch.zeros_like(q)
 
-    msg = integrity.every_copy(_copies(second_sight), _attn, [], pairs=[])
+    msg = timed_copies.every_copy(_copies(second_sight), _attn, [], pairs=[])
     assert msg is not None and msg.startswith("timed output wrong on input copy 1 of 6"), msg
 
 
 def test_an_honest_kernel_reads_the_same_on_new_and_seen_values() -> None:
-    seen = integrity.seen_values(_copies(_slow_attn), host=True)
+    seen = timed_copies.seen_values(_copies(_slow_attn), host=True)
     assert seen.flag is None and seen.note.startswith("seen-values check:"), seen
     copies, pairs = _copies(_slow_attn), []
-    assert integrity.every_copy(copies, _attn, [], pairs=pairs) is None
-    seen = integrity.seen_values(copies, host=True, first=pairs)
+    assert timed_copies.every_copy(copies, _attn, [], pairs=pairs) is None
+    seen = timed_copies.seen_values(copies, host=True, first=pairs)
     assert seen.flag is None and "median of" in seen.note, seen
 
 
