@@ -5,6 +5,7 @@ cases in one status order, so that no two of them print the same case differentl
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Sequence
@@ -165,3 +166,8 @@ def status_of(r: CaseRecord) -> str:
 def attention(status: str) -> bool:
     """Failing and inconclusive: the statuses a person has to act on, shown first with their reason."""
     return status in FAILING or status in UNDECIDED
+
+
+def escaped(text: object) -> str:
+    """Text as HTML shows it literally (quotes too: it goes into attributes)."""
+    return html.escape(str(text), quote=True)
