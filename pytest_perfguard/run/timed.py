@@ -28,12 +28,12 @@ from ..judge.verdict import (
     host_gate,
     unpaired_gate,
 )
-from ..measure import integrity
+from ..measure import hosttime, integrity, timers, timing
 from ..measure.correctness import check
 from ..measure.cpuwatch import CpuWatch
 from ..measure.device import CUDA_TIMING, Disturbances, incomparable, manual_seed
 from ..measure.hosttime import HostTime, host_time
-from ..measure.timers import Call, Clock, SampleTime, Timer, Watch, make_timer
+from ..measure.timers import Call, Clock, Timer, Watch, make_timer
 from ..measure.timing import (
     MeasureConfig,
     Measurement,
@@ -59,8 +59,8 @@ def engine_bindings() -> dict[str, tuple[Any, Any]]:
     """The engine's functions as this module holds them, with the ones their modules had at import: a test
     that patched them here would time with its own clock (the patched-timer check compares them)."""
     original = integrity.ORIGINAL_TIMERS
-    homes = {"measure": Measurement, "pooled": Measurement, "make_timer": SampleTime, "host_time": HostTime}
-    return {f"{__name__}.{name}": (globals()[name], original[f"{t.__module__}.{name}"]) for name, t in homes.items()}
+    homes = {"measure": timing, "pooled": timing, "make_timer": timers, "host_time": hosttime}
+    return {f"{__name__}.{name}": (globals()[name], original[f"{m.__name__}.{name}"]) for name, m in homes.items()}
 
 
 def note_unchecked_faster(verdict: Verdict, stored: bl.BaselineEntry | None, case_offset_on: bool) -> None:
