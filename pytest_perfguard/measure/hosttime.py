@@ -60,7 +60,8 @@ def host_time(
     times: dict[str, list[float]] = {side: [] for side in sides}
     single = per_call_ns
     # A few warm calls (caches, the allocator, lazy paths), then one timed: as many as fill a block on the device,
-    # 2 to HOST_WARM_CALLS; eight of a 1-5 ms call were most of a large case's eager timing.
+    # 2 to HOST_WARM_CALLS, not eight of a millisecond call (the eager timing of cases >= 200 us: median 3.3% of
+    # their wall time with eight, 2.9% with this; two fresh H200 hosts, 2026-11-28).
     warm = int(max(2, min(HOST_WARM_CALLS, math.ceil(HOST_BLOCK_NS / max(per_call_ns, 1.0)))))
     for calls in sides.values():
         for call in calls[:warm]:
