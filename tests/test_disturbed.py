@@ -27,20 +27,27 @@ LOADED_HOST = '''
 import os
 
 from pytest_perfguard.measure import cpuwatch
-from pytest_perfguard.run import timed
+from pytest_perfguard.run import checks
 
 
 class LoadedHost(cpuwatch.CpuWatch):
-    """Each timed window lasts 1 s; in the windows DISTURB names the process waited 0.39 s of it for a CPU."""
+    """Each timed window lasts 1 s; in the windows DISTURB names the process waited 0.39 s of it for a CPU:
+    "all", a case's "first" window, the windows of the "checks" (a watch that counts any wait, floor_ns 0:
+    the memo check's confirming rounds), or "none"."""
 
-    def __init__(self):
-        super().__init__(read=self.counters, runnable=lambda: 3, cores=2)
+    def __init__(self, floor_ns=cpuwatch.RUN_WAIT_FLOOR_NS):
+        super().__init__(read=self.counters, runnable=lambda: 3, cores=2, floor_ns=floor_ns)
         self.reads = self.wall = self.wait = 0
 
     def counters(self):
         self.reads += 1
         if self.reads % 2 == 0:  # the window's end
-            loaded = os.environ["DISTURB"] == "all" or (os.environ["DISTURB"] == "first" and self.reads == 2)
+            mode = os.environ["DISTURB"]
+            loaded = (
+                mode == "all"
+                or (mode == "first" and self.reads == 2)
+                or (mode == "checks" and self.floor_ns == 0)
+            )
             self.wall += 1_000_000_000
             self.wait += 390_000_000 if loaded else 1_000_000
         return cpuwatch.Counters(
@@ -55,11 +62,11 @@ class LoadedHost(cpuwatch.CpuWatch):
 
 
 def pytest_configure(config):
-    timed.CpuWatch = LoadedHost
+    checks.CpuWatch = LoadedHost
 
 
 def pytest_unconfigure(config):
-    timed.CpuWatch = cpuwatch.CpuWatch
+    checks.CpuWatch = cpuwatch.CpuWatch
 '''
 
 CASES = """
@@ -191,6 +198,70 @@ def test_the_cpu_watch_can_be_turned_off(project: pytest.Pytester) -> None:
     result.assert_outcomes(passed=3)
     assert set(baseline_json(project)["cases"]) == {*REAL, FAKE}
     assert not any(r.get("disturbances") for r in results(project, "u.json").values())
+
+
+MEMO_CASES = """
+import torch
+from pytest_perfguard import perf_case
+
+MEMO = {}
+
+
+def square(x):
+    return x @ x
+
+
+def memo(x):
+    # Right on any values (a refill bumps the version); every timed call after a copy's first is a lookup.
+    # The input is kept with its answer: its memory cannot be reused for another tensor under the same key.
+    key = (x.data_ptr(), x._version)
+    if key not in MEMO:
+        MEMO[key] = (x, x @ x)
+    return MEMO[key][1].clone()
+
+
+@perf_case(variants={"honest": square, "memo": memo}, reference=square)
+def test_square(perfguard_device):
+    return (torch.randn(384, 384, device=perfguard_device),), {}
+"""
+MEMO, HONEST = "test_square.py::test_square[memo]", "test_square.py::test_square[honest]"
+
+
+def test_a_memo_check_the_load_kept_from_deciding_is_unverified_not_flagged_nor_passed(
+    pytester: pytest.Pytester,
+) -> None:
+    """The memo check's confirming rounds on a loaded host (an honest CPU case once read 1.31x against 1.30x
+    there): what they read cannot fail the case, and cannot pass it either. A memo on a quiet host is
+    flagged; the same memo with its confirming rounds disturbed, twice, is unverified, and under CI fails
+    the run as unverified. What would get past: a check that ran its rounds unwatched (a false flag on a
+    loaded host), or one that called disturbed rounds a pass (a memo hiding behind the load)."""
+    pytester.makeconftest(LOADED_HOST)
+    pytester.makepyfile(test_square=MEMO_CASES)
+    quiet = run(
+        pytester, MODES["no-xdist"], "--perfguard", "--perfguard-json", "q.json", *BUDGET, env={"DISTURB": "none"}
+    )
+    got = results(pytester, "q.json")
+    assert got[MEMO]["verdict"] == "flagged" and got[MEMO]["reasons"][0].startswith("memo on seen inputs"), got[MEMO]
+    assert got[HONEST]["outcome"] == "passed", got[HONEST]
+    quiet.assert_outcomes(passed=1, failed=1)
+
+    loaded = run(
+        pytester, MODES["no-xdist"], "--perfguard", "--perfguard-json", "l.json", *BUDGET, env={"DISTURB": "checks"}
+    )
+    got = results(pytester, "l.json")
+    r = got[MEMO]
+    assert r["verdict"] == "inconclusive" and r["outcome"] == "passed", r
+    assert r["disturbances"][0].startswith("the memo check's rounds were disturbed (CPU contended"), r
+    assert any(n.startswith("seen-values check undecided:") for n in r["notes"]), r["notes"]
+    assert not any("memo on seen inputs" in x for x in r["reasons"]), r["reasons"]
+    assert got[HONEST]["verdict"] != "inconclusive" and not got[HONEST].get("disturbances"), got[HONEST]
+    loaded.assert_outcomes(passed=2)
+
+    strict = run(pytester, MODES["no-xdist"], "--perfguard", *BUDGET, env={"DISTURB": "checks", "CI": "true"})
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    strict.stdout.fnmatch_lines(
+        ["*case(s) unverified: the guard could not rule out a regression:", "*test_square.py::test_square[[]memo[]]*"]
+    )
 
 
 @pytest.fixture

@@ -110,20 +110,22 @@ class Window:
         return self.thread_cpu_ns / self.wall_ns if self.wall_ns > 0 else 1.0
 
 
-def judge(w: Window) -> str | None:
-    """The disturbance this window shows, with its numbers, or None when the host let the timing run."""
+def judge(w: Window, floor_ns: float = RUN_WAIT_FLOOR_NS) -> str | None:
+    """The disturbance this window shows, with its numbers, or None when the host let the timing run.
+    `floor_ns`: the least wait that counts (a timing judges a long window and ignores one preemption; a check
+    whose finding would fail the case counts any wait over the share, see CpuWatch.floor_ns)."""
     if w.wall_ns <= 0:
         return None
     problems = []
     waiting = w.waiting
     if waiting is not None and w.run_wait_ns is not None and w.on_cpu_ns is not None:
-        if waiting > RUN_WAIT_LIMIT and w.run_wait_ns > RUN_WAIT_FLOOR_NS and not w.self_bound:
+        if waiting > RUN_WAIT_LIMIT and w.run_wait_ns > floor_ns and not w.self_bound:
             problems.append(
                 f"its threads waited for a CPU {waiting:.0%} of the time they could run ({_ms(w.run_wait_ns)} "
                 f"waiting, {_ms(w.on_cpu_ns)} running, in {_ms(w.wall_ns)} of timing; over {RUN_WAIT_LIMIT:.0%} "
                 "is load from other processes, or a container's CPU quota)"
             )
-    elif w.cpu_share < CPU_FLOOR and w.wall_ns - w.thread_cpu_ns > RUN_WAIT_FLOOR_NS:
+    elif w.cpu_share < CPU_FLOOR and w.wall_ns - w.thread_cpu_ns > floor_ns:
         problems.append(
             f"the timing thread ran {w.cpu_share:.0%} of {_ms(w.wall_ns)} of timing (under {CPU_FLOOR:.0%}: "
             "other processes' load, or a kernel that waits; this host has no run-queue counters to tell them apart)"
@@ -241,6 +243,10 @@ class CpuWatch:
     read: Callable[[], Counters] = read_counters
     runnable: Callable[[], int | None] = read_runnable
     cores: int = field(default_factory=usable_cores)
+    # The least wait that counts as load. A timing's window is long and one preemption in it is no load; a
+    # check whose short window would fail the case (copies.seen_values' confirming rounds) passes 0: a
+    # finding that fails a case must not rest on rounds that waited for a CPU.
+    floor_ns: float = RUN_WAIT_FLOOR_NS
     first: Counters | None = None
     window: Window | None = None  # the last window, once stopped
     _samples: list[int] = field(default_factory=list)
@@ -263,7 +269,7 @@ class CpuWatch:
         if self.first is None:
             return []
         self.window = Window.between(self.first, self.read(), self._samples, self.cores)
-        problem = judge(self.window)
+        problem = judge(self.window, self.floor_ns)
         return [problem] if problem else []
 
     def _sample(self) -> None:

@@ -20,7 +20,9 @@ import torch
 from ..marker import Variant
 from ..measure import copies, integrity, peaks
 from ..measure.correctness import CorrectnessReport, Inputs
-from ..measure.timers import Timer
+from ..measure.cpuwatch import RUN_WAIT_FLOOR_NS, CpuWatch
+from ..measure.device import Disturbances
+from ..measure.timers import Timer, Watch
 from ..measure.timing import Measurement
 from ..record import CaseRecord
 from ..settings import Settings
@@ -31,6 +33,17 @@ def capture_error(m: Measurement) -> str | None:
     """Why a timed sample could not be captured in a CUDA graph (the first member's that could not), or None."""
     samples: list[object] = [*m.members, m.sample]
     return next((e for x in samples if (e := getattr(x, "capture_error", None))), None)
+
+
+def machine_watch(settings: Settings, kind: str, trial: Trial, *, floor_ns: float = RUN_WAIT_FLOOR_NS) -> Watch | None:
+    """What watches the machine while the case is timed or checked: NVML on a GPU; on CPU the host's load,
+    unless the case times on an injected clock (the host's load cannot move it) or the watch is turned off.
+    `floor_ns`: the least run-queue wait that counts on CPU (cpuwatch.CpuWatch.floor_ns)."""
+    if kind == "cuda":
+        return Disturbances.open(settings.device)
+    if trial.case.clock is not None or not settings.cpu_watch:
+        return None
+    return CpuWatch(floor_ns=floor_ns)
 
 
 class DeviceLock(Protocol):
@@ -53,6 +66,8 @@ class IntegrityChecks:
         self.bindings = bindings
         self.spent: dict[str, float] = {}  # seconds per check, outside the timed window
         self.notes: list[str] = []  # what the checks saw that passed, for the record's notes
+        # What disturbed a check that could not decide (the memo check's rounds): the case is inconclusive.
+        self.disturbances: list[str] = []
 
     @contextlib.contextmanager
     def _check(self, name: str) -> Iterator[None]:
@@ -158,9 +173,14 @@ class IntegrityChecks:
             wrong = copies.every_copy(rotation, case.reference, overrides, pairs=pairs)
         if wrong:
             return wrong
+        # Its confirming rounds are watched, any run-queue wait over the share counting: a memo flag fails the
+        # case and must not rest on rounds another process slowed.
+        watch = machine_watch(self.settings, self.kind, trial, floor_ns=0.0)
         with self.lock(exclusive=True), self._check("seen values"):
-            seen = copies.seen_values(rotation, host=self.kind != "cuda", first=pairs or ())
+            seen = copies.seen_values(rotation, host=self.kind != "cuda", first=pairs or (), watch=watch)
         self.notes.append(seen.note)
+        if seen.disturbed:
+            self.disturbances.append(seen.disturbed)
         return seen.flag
 
     def _degenerate(self, trial: Trial, record: CaseRecord, m: Measurement, timer: Timer) -> str | None:

@@ -273,6 +273,10 @@ class Runner:
         with guard.phase("the integrity checks' calls"):
             flag = guard.message() or checks.after_timing(trial, record, m, timer)
         flag = flag or guard.message() or verdict.flag
+        if checks.disturbances and not flag:
+            # A check the machine kept from deciding (the memo check's rounds): the case decides nothing.
+            verdict.disturbances.extend(checks.disturbances)
+            verdict.notes.append("a check could not decide on a disturbed machine: inconclusive, never stored")
         record.reference_move = verdict.reference_move
         checks.record_spent(record)
         if flag:

@@ -43,7 +43,7 @@ from ..measure.timing import (
 )
 from ..record import AbComparison, CaseRecord, Outcome, Status
 from .ab import Twin, base_arguments
-from .checks import DeviceLock, capture_error
+from .checks import DeviceLock, capture_error, machine_watch
 from .state import SessionState, device_id
 from .workload import Trial, count, describe_workload, finite, input_bytes, normalize_inputs, tensor_bytes
 
@@ -301,14 +301,7 @@ class TimedStep:
             return host
 
     def _watch(self, trial: Trial) -> Watch | None:
-        """What watches the machine while the case is timed: NVML on a GPU; on CPU the host's load, unless
-        the case times on an injected clock (the host's load cannot move it) or the watch is turned off."""
-        s = self.state.settings
-        if self.state.kind == "cuda":
-            return Disturbances.open(s.device)
-        if trial.case.clock is not None or not s.cpu_watch:
-            return None
-        return CpuWatch()
+        return machine_watch(self.state.settings, self.state.kind, trial)
 
     def stored(self) -> bl.BaselineEntry | None:
         baseline = self.state.baseline

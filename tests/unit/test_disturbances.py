@@ -120,6 +120,13 @@ def test_one_preemption_in_a_short_window_is_not_load() -> None:
     assert cw.judge(window(40.0, 12.0, 28.0)) is not None  # three slices of the window are load
 
 
+def test_a_check_whose_finding_fails_the_case_counts_any_wait_over_the_share() -> None:
+    """The memo check's confirming rounds (floor 0): the one preemption a timing shrugs off is load there,
+    and a wait under the share still is not."""
+    assert cw.judge(window(40.0, 4.0, 36.0), floor_ns=0.0) is not None
+    assert cw.judge(window(40.0, 1.0, 39.0), floor_ns=0.0) is None
+
+
 def test_stolen_time_is_a_disturbance_even_without_run_queue_wait() -> None:
     message = cw.judge(window(2000.0, 2.0, 1990.0, steal=0.12))
     assert message is not None and "the hypervisor stole 12.0% of the CPUs' time (over 5%)" in message

@@ -158,18 +158,20 @@ def _sample(fn: object, inputs: tuple[tuple[torch.Tensor, ...], dict[str, object
     return run
 
 
-def _copies(fn: Callable[..., torch.Tensor], members: int = 2, reps: int = 3) -> timed_copies.TimedCopies:
+def _copies(
+    fn: Callable[..., torch.Tensor], members: int = 2, reps: int = 3, clock: Callable[[], int] = time.perf_counter_ns
+) -> timed_copies.TimedCopies:
     """`members` timed samples of `reps` calls of `fn`, each on its own input copy, as measure() leaves them:
-    each call keeps its output, and new values come from seeds never drawn before."""
+    each call keeps its output, and new values come from seeds never drawn before. `clock` times them."""
     inputs = {i: _inputs(100 + i) for i in range(members * reps)}
     outputs: dict[int, object] = {}
 
     def member(j: int) -> Callable[[], timers.SampleTime]:
         def run() -> timers.SampleTime:
-            t0 = time.perf_counter_ns()
+            t0 = clock()
             for i in range(j * reps, (j + 1) * reps):
                 outputs[i] = fn(*inputs[i][0])
-            per_call = (time.perf_counter_ns() - t0) / reps
+            per_call = (clock() - t0) / reps
             return timers.SampleTime(per_call, per_call)
 
         return run
@@ -269,30 +271,7 @@ def _slow_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return out
 
 
-def test_a_memo_on_tensor_versions_reads_faster_on_seen_values_and_is_flagged() -> None:
-    """Stream-mode class: Python runs on every timed call, and a memo keyed on the inputs' version counters
-    served every timed call after the first. The answers are right (every_copy passes); the time is not."""
-    memo: dict[int, tuple[int, torch.Tensor]] = {}
-
-    def versioned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        key = q.data_ptr()
-        hit = memo.get(key)
-        if hit is not None and hit[0] == q._version:
-            return hit[1].clone()
-        out = _slow_attn(q, k, v)
-        memo[key] = (q._version, out)
-        return out
-
-    copies = _copies(versioned)
-    assert timed_copies.every_copy(copies, _attn, []) is None
-    seen = timed_copies.seen_values(copies, host=True)
-    assert seen.flag is not None and seen.flag.startswith("memo on seen inputs: on new input values"), seen
-
-
-def test_on_a_gpu_the_first_look_is_the_copies_check_and_a_memo_still_shows() -> None:
-    """On a GPU, seen_values' first look is every_copy's pairs (one more run of each sample on the values it
-    has just run) instead of its own rounds of draws: one pair per sample, and the version-counter memo reads
-    faster on the second run and is flagged after the confirming rounds."""
+def _version_memo() -> Callable[..., torch.Tensor]:
     memo: dict[int, tuple[int, torch.Tensor]] = {}
 
     def versioned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -303,7 +282,23 @@ def test_on_a_gpu_the_first_look_is_the_copies_check_and_a_memo_still_shows() ->
         memo[q.data_ptr()] = (q._version, out)
         return out
 
-    copies = _copies(versioned, members=3)
+    return versioned
+
+
+def test_a_memo_on_tensor_versions_reads_faster_on_seen_values_and_is_flagged() -> None:
+    """Stream-mode class: Python runs on every timed call, and a memo keyed on the inputs' version counters
+    served every timed call after the first. The answers are right (every_copy passes); the time is not."""
+    copies = _copies(_version_memo())
+    assert timed_copies.every_copy(copies, _attn, []) is None
+    seen = timed_copies.seen_values(copies, host=True)
+    assert seen.flag is not None and seen.flag.startswith("memo on seen inputs: on new input values"), seen
+
+
+def test_on_a_gpu_the_first_look_is_the_copies_check_and_a_memo_still_shows() -> None:
+    """On a GPU, seen_values' first look is every_copy's pairs (one more run of each sample on the values it
+    has just run) instead of its own rounds of draws: one pair per sample, and the version-counter memo reads
+    faster on the second run and is flagged after the confirming rounds."""
+    copies = _copies(_version_memo(), members=3)
     pairs: list[float] = []
     assert timed_copies.every_copy(copies, _attn, [], pairs=pairs) is None
     assert len(pairs) == 3 and min(pairs) > 2.0, pairs
@@ -326,6 +321,53 @@ def test_the_second_run_of_a_sample_comes_after_its_check() -> None:
 
     msg = timed_copies.every_copy(_copies(second_sight), _attn, [], pairs=[])
     assert msg is not None and msg.startswith("timed output wrong on input copy 1 of 6"), msg
+
+
+class _Watch:
+    """A timers.Watch whose windows read disturbed while `load` holds a True (one per window, then clean)."""
+
+    def __init__(self, *load: bool) -> None:
+        self.load, self.windows = list(load), 0
+
+    def start(self) -> None:
+        self.windows += 1
+
+    def stop(self) -> list[str]:
+        return ["CPU contended (test)"] if self.load and self.load.pop(0) else []
+
+
+def test_a_memo_read_on_disturbed_rounds_is_undecided_and_clean_rounds_decide() -> None:
+    """A flag fails the case, so the confirming rounds are watched. Disturbed twice: neither a flag nor a pass
+    (`disturbed`, which makes the case inconclusive). Disturbed once, then clean: the clean rounds decide,
+    and a memo is still flagged. What would get past: a memo that waits for a loaded moment is undecided,
+    never passed."""
+    watch = _Watch(True, True)
+    seen = timed_copies.seen_values(_copies(_version_memo()), host=True, watch=watch)
+    assert watch.windows == 2 and seen.flag is None, seen
+    assert seen.disturbed is not None and seen.disturbed.startswith(
+        "the memo check's rounds were disturbed (CPU contended (test))"
+    ), seen
+    assert seen.note.startswith("seen-values check undecided:"), seen
+
+    watch = _Watch(True, False)
+    seen = timed_copies.seen_values(_copies(_version_memo()), host=True, watch=watch)
+    assert watch.windows == 2 and seen.disturbed is None, seen
+    assert seen.flag is not None and seen.flag.startswith("memo on seen inputs"), seen
+
+
+def test_an_honest_kernel_on_a_loaded_host_is_not_held_by_the_watch() -> None:
+    """The watch decides only rounds that read past the factor: an honest first look needs no confirming
+    rounds, whatever the load. The kernel's time is a clock it advances (the real one moves under a loaded
+    test run, which is this test's subject, not its input)."""
+    now = [0]
+
+    def fixed_cost(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        now[0] += 50_000
+        return _attn(q, k, v)
+
+    watch = _Watch(True, True)
+    seen = timed_copies.seen_values(_copies(fixed_cost, clock=lambda: now[0]), host=True, watch=watch)
+    assert seen.flag is None and seen.disturbed is None and watch.windows == 0, seen
 
 
 def test_an_honest_kernel_reads_the_same_on_new_and_seen_values() -> None:
