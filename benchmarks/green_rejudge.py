@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_perfguard.judge import policy as pl
 from pytest_perfguard.judge import verdict as vd
-from pytest_perfguard.judge.baseline import read_baseline
+from pytest_perfguard.judge.storage import read_baseline
 
 
 def main() -> int:

@@ -26,7 +26,8 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_perfguard.judge.baseline import BaselineEntry, BaselineFile, read_baseline, write_baseline
+from pytest_perfguard.judge.baseline import BaselineEntry, BaselineFile
+from pytest_perfguard.judge.storage import read_baseline, write_baseline
 
 
 def write(src: Path, out_dir: Path, x: float, self_variant: str = "sdpa") -> Path:

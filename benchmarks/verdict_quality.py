@@ -68,6 +68,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_perfguard.judge import baseline as bl
+from pytest_perfguard.judge import update_rules
 from pytest_perfguard.judge.policy import NOISE_FLOOR, NOISE_K, RATIO_NOISE_FLOOR
 from pytest_perfguard.judge.verdict import FASTER, INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
 from pytest_perfguard.measure.timers import Call, CpuTimer, PreparedSample, SampleTime
@@ -318,7 +319,7 @@ def baseline_entry(runs: Sequence[Run]) -> bl.BaselineEntry:
             ratio_ci=(m.ratio.lo, m.ratio.hi) if m.ratio else None,
             blocks=m.blocks,
         )
-        entry, _ = bl.merge_entry(entry, entry_of(record, floor), floor)
+        entry, _ = update_rules.merge_entry(entry, entry_of(record, floor), floor)
     assert entry is not None
     return entry
 

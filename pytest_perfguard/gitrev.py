@@ -24,6 +24,14 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     return proc.stdout.strip()
 
 
+def git_or_none(cwd: Path, *args: str) -> str | None:
+    """Output of a git command in `cwd`, or None when git has no answer (a question whose absence is one)."""
+    try:
+        return git(cwd, *args)
+    except GitError:
+        return None
+
+
 def head_sha(cwd: Path) -> str | None:
     """The commit checked out in `cwd`, or None outside a git repository."""
     try:

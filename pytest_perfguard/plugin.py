@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from . import settings as st
+from . import usage
 from .judge import baseline as bl
+from .judge import storage
 from .marker import MARK_NAME, VARIANT_ARG, PerfCase
 from .measure.visible import device_index
 from .record import CaseRecord
@@ -43,7 +45,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     """A mistyped --perfguard option names the nearest one, before pytest's bare "unrecognized arguments"."""
     groups = [parser.getgroup(name) for name in ("perfguard", "perfguard explain")]
     known = [n for group in groups for opt in group.options for n in opt.names()]
-    message = st.misspelled(args, known)
+    message = usage.misspelled(args, known)
     if message is not None:
         raise pytest.UsageError(message)
 
@@ -89,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARK_NAME}(case): set by @perf_case; one item per kernel variant, checked for correctness and, "
         "with --perfguard, timed",
     )
-    mistake = st.rootdir_mistake(config)
+    mistake = usage.rootdir_mistake(config)
     if mistake is not None:
         raise pytest.UsageError(mistake)
     role = config.stash[ROLE] = Role.of(config)  # decided once: everything reads this value
@@ -112,7 +114,7 @@ def pytest_configure(config: pytest.Config) -> None:
         _sweep_leftovers(settings)
     if settings.enabled:
         try:
-            state.baseline = bl.read_baseline(baseline_file(state))
+            state.baseline = storage.read_baseline(baseline_file(state))
         except bl.BaselineError as exc:
             raise pytest.UsageError(f"perfguard: {exc}") from None
     if settings.against:

@@ -1,5 +1,5 @@
 """Device model names as file names and ids: the slug a baseline file, a results file and a merge key a device
-by (measure/device.py reads the name, judge/baseline.py names the file)."""
+by (measure/device.py reads the name, judge/storage.py names the file)."""
 
 from __future__ import annotations
 

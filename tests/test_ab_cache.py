@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_perfguard import locks
-from pytest_perfguard.run import ab
+from pytest_perfguard.run import basetree
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -41,7 +41,7 @@ def repo(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "cache"
-    monkeypatch.setenv(ab.CACHE_DIR_ENV, str(folder))
+    monkeypatch.setenv(basetree.CACHE_DIR_ENV, str(folder))
     return folder
 
 
@@ -53,34 +53,34 @@ def _commit(repo: Path, message: str) -> str:
 
 def test_a_tampered_tree_is_extracted_again_and_said(repo: Path, cache: Path) -> None:
     sha = _git(repo, "rev-parse", "HEAD")
-    tree = ab.materialise(repo, sha)
+    tree = basetree.materialise(repo, sha)
     assert (tree / "kern.py").read_text() == "def kern(x):\n    return x\n"
-    assert ab.materialise(repo, sha) == tree  # unchanged: reused
+    assert basetree.materialise(repo, sha) == tree  # unchanged: reused
     with (tree / "kern.py").open("a") as handle:
         handle.write("import time; time.sleep(4)\n")  # one job slows down every later job's base
     said: list[str] = []
-    assert ab.materialise(repo, sha, say=said.append) == tree
+    assert basetree.materialise(repo, sha, say=said.append) == tree
     assert (tree / "kern.py").read_text() == "def kern(x):\n    return x\n"
     assert len(said) == 1 and "kern.py, which differs from git's" in said[0] and "extracted again" in said[0]
     (tree / "extra.py").write_text("")  # an added file is a change too
-    ab.materialise(repo, sha, say=said.append)
+    basetree.materialise(repo, sha, say=said.append)
     assert not (tree / "extra.py").exists() and "extra.py, which is not in git's tree" in said[1]
     (tree / "pkg" / "__init__.py").unlink()
-    ab.materialise(repo, sha, say=said.append)
+    basetree.materialise(repo, sha, say=said.append)
     assert (tree / "pkg" / "__init__.py").exists() and "lacks pkg/__init__.py" in said[2]
 
 
 def test_a_rewritten_manifest_does_not_hide_a_change(repo: Path, cache: Path) -> None:
     """Whoever can edit the tree can edit the manifest beside it: the reference is git's tree itself."""
     sha = _git(repo, "rev-parse", "HEAD")
-    tree = ab.materialise(repo, sha)
+    tree = basetree.materialise(repo, sha)
     (tree / "kern.py").write_text("def kern(x):\n    return x * 0\n")
     manifest = cache / "base" / f"{sha}.manifest.json"
     doc = json.loads(manifest.read_text())
-    doc["digest"] = ab.tree_digest(tree)[0]
+    doc["digest"] = basetree.tree_digest(tree)[0]
     manifest.write_text(json.dumps(doc))
     said: list[str] = []
-    ab.materialise(repo, sha, say=said.append)
+    basetree.materialise(repo, sha, say=said.append)
     assert (tree / "kern.py").read_text() == "def kern(x):\n    return x\n" and said
 
 
@@ -90,13 +90,13 @@ def test_a_tree_that_git_archive_rewrites_is_checked_by_its_manifest(repo: Path)
     (repo / ".gitattributes").write_text("version.py export-subst\n")
     (repo / "version.py").write_text('COMMIT = "$Format:%H$"\n')
     sha = _commit(repo, "export-subst")
-    tree = ab.materialise(repo, sha)
+    tree = basetree.materialise(repo, sha)
     assert sha in (tree / "version.py").read_text()
     said: list[str] = []
-    ab.materialise(repo, sha, say=said.append)
+    basetree.materialise(repo, sha, say=said.append)
     assert said == []  # reused, not extracted on every run
     (tree / "version.py").write_text('COMMIT = "forged"\n')
-    ab.materialise(repo, sha, say=said.append)
+    basetree.materialise(repo, sha, say=said.append)
     assert sha in (tree / "version.py").read_text() and "does not match its manifest" in said[0]
 
 
@@ -104,8 +104,8 @@ def test_a_manifest_of_another_tree_is_not_trusted(repo: Path, cache: Path) -> N
     first = _git(repo, "rev-parse", "HEAD")
     (repo / "kern.py").write_text("def kern(x):\n    return x + 1\n")
     second = _commit(repo, "second")
-    ab.materialise(repo, first)
-    ab.materialise(repo, second)
+    basetree.materialise(repo, first)
+    basetree.materialise(repo, second)
     base = cache / "base"
     # swap the trees with their manifests: each manifest matches its tree, but not the commit's git tree
     os.rename(base / first, base / "x")
@@ -115,7 +115,7 @@ def test_a_manifest_of_another_tree_is_not_trusted(repo: Path, cache: Path) -> N
     os.rename(base / f"{second}.manifest.json", base / f"{first}.manifest.json")
     os.rename(base / "x", base / f"{second}.manifest.json")
     said: list[str] = []
-    tree = ab.materialise(repo, first, say=said.append)
+    tree = basetree.materialise(repo, first, say=said.append)
     assert (tree / "kern.py").read_text() == "def kern(x):\n    return x\n"
     assert "manifest of another tree" in said[0]
 
@@ -124,18 +124,18 @@ def test_the_cache_folder_is_owner_only(
     repo: Path, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sha = _git(repo, "rev-parse", "HEAD")
-    ab.materialise(repo, sha)
+    basetree.materialise(repo, sha)
     assert stat.S_IMODE((cache / "base").stat().st_mode) == 0o700
     (cache / "base").chmod(0o777)  # ours, too open: tightened
-    ab.materialise(repo, sha)
+    basetree.materialise(repo, sha)
     assert stat.S_IMODE((cache / "base").stat().st_mode) == 0o700
-    monkeypatch.delenv(ab.CACHE_DIR_ENV)
+    monkeypatch.delenv(basetree.CACHE_DIR_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    ab.materialise(repo, sha)
+    basetree.materialise(repo, sha)
     assert stat.S_IMODE((tmp_path / "xdg" / "pytest-perfguard").stat().st_mode) == 0o700
     monkeypatch.setattr(locks, "uid", lambda: os.getuid() + 1)  # now it belongs to "someone else"
     with pytest.raises(pytest.UsageError, match=r"cache folder .* belongs to another user.*PERFGUARD_CACHE_DIR"):
-        ab.materialise(repo, sha)
+        basetree.materialise(repo, sha)
 
 
 def test_a_planted_base_folder_is_refused(repo: Path, cache: Path, tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ def test_a_planted_base_folder_is_refused(repo: Path, cache: Path, tmp_path: Pat
     cache.mkdir()
     (cache / "base").symlink_to(theirs)
     with pytest.raises(pytest.UsageError, match="is a symlink or not a folder"):
-        ab.materialise(repo, _git(repo, "rev-parse", "HEAD"))
+        basetree.materialise(repo, _git(repo, "rev-parse", "HEAD"))
     assert not any(theirs.iterdir())
 
 
@@ -152,10 +152,10 @@ def test_a_symlink_inside_the_tree_is_recreated(repo: Path) -> None:
     (repo / "alias.py").symlink_to("kern.py")
     (repo / "pkg" / "up").symlink_to("../kern.py")
     sha = _commit(repo, "links")
-    tree = ab.materialise(repo, sha)
+    tree = basetree.materialise(repo, sha)
     assert os.readlink(tree / "alias.py") == "kern.py"
     assert (tree / "pkg" / "up").read_text().startswith("def kern")
-    assert ab.materialise(repo, sha) == tree  # the links are part of the manifest, and still match
+    assert basetree.materialise(repo, sha) == tree  # the links are part of the manifest, and still match
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "../../outside", "pkg/../../x"])
@@ -163,7 +163,7 @@ def test_a_symlink_out_of_the_tree_names_the_cause(repo: Path, target: str) -> N
     (repo / "data").symlink_to(target)
     sha = _commit(repo, "bad link")
     with pytest.raises(pytest.UsageError) as info:
-        ab.materialise(repo, sha)
+        basetree.materialise(repo, sha)
     message = str(info.value)
     assert f"symlink data -> {target} points outside the tree" in message
     assert "writable" not in message
@@ -176,7 +176,7 @@ def test_git_archive_streams_to_disk(repo: Path) -> None:
     sha = _commit(repo, "a big file")
     tracemalloc.start()
     try:
-        tree = ab.materialise(repo, sha)
+        tree = basetree.materialise(repo, sha)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -193,7 +193,7 @@ def test_stale_temp_trees_are_swept(repo: Path, cache: Path) -> None:
     (stale / "deep" / "half.bin").write_bytes(b"x" * 1000)
     other = base / f".{'e' * 40}.zz.tmp"  # a killed extraction of another revision
     other.mkdir()
-    ab.materialise(repo, sha)
+    basetree.materialise(repo, sha)
     assert not stale.exists() and not other.exists()
 
 
@@ -208,23 +208,23 @@ def test_an_extraction_under_way_is_not_swept_by_a_process_with_another_temp_dir
     running = base / f".{sha}.abc123.tmp"
     running.mkdir()
     monkeypatch.setenv(locks.LOCK_DIR_ENV, str(tmp_path / "job1"))
-    with ab._tree_lock(base, sha, timeout=0):  # job 1 extracts (a second open file: flock sees another holder)
+    with basetree._tree_lock(base, sha, timeout=0):  # job 1 extracts (a second open file: flock sees another holder)
         monkeypatch.setenv(locks.LOCK_DIR_ENV, str(tmp_path / "job2"))
-        assert ab.sweep_temp_trees(base) == []
+        assert basetree.sweep_temp_trees(base) == []
         assert running.exists()
-    assert ab.sweep_temp_trees(base) == [running]  # once no one holds it, it is a killed extraction's
+    assert basetree.sweep_temp_trees(base) == [running]  # once no one holds it, it is a killed extraction's
 
 
 def test_unused_trees_are_evicted(repo: Path, cache: Path) -> None:
     first = _git(repo, "rev-parse", "HEAD")
     (repo / "kern.py").write_text("def kern(x):\n    return 2 * x\n")
     second = _commit(repo, "second")
-    ab.materialise(repo, first)
+    basetree.materialise(repo, first)
     old = time.time() - 40 * 86400
     os.utime(cache / "base" / f"{first}.manifest.json", (old, old))
-    ab.materialise(repo, second, keep_days=0)  # 0: never evict
+    basetree.materialise(repo, second, keep_days=0)  # 0: never evict
     assert (cache / "base" / first).is_dir()
-    ab.materialise(repo, second, keep_days=30)
+    basetree.materialise(repo, second, keep_days=30)
     assert not (cache / "base" / first).exists()
     assert not (cache / "base" / f"{first}.manifest.json").exists()
     assert (cache / "base" / second).is_dir()
@@ -246,6 +246,6 @@ def test_what_git_writes_after_the_archive_end_is_read_not_cut(
             args = ["sh", "-c", f"cat '{archive}'; sleep 0.3; head -c 65536 /dev/zero"]
         return real(args, *rest, **kwargs)
 
-    monkeypatch.setattr(ab.subprocess, "Popen", late_padding)
-    tree = ab.materialise(repo, sha)
+    monkeypatch.setattr(basetree.subprocess, "Popen", late_padding)
+    tree = basetree.materialise(repo, sha)
     assert (tree / "kern.py").read_text() == "def kern(x):\n    return x\n"

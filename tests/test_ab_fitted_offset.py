@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_ab import FAKECLOCK, MODES, _git
 
-from pytest_perfguard.judge.baseline import read_baseline
+from pytest_perfguard.judge.storage import read_baseline
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # updates start fresh processes, and -n 2 starts workers

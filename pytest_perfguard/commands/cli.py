@@ -19,16 +19,9 @@ from tabulate import tabulate
 
 from .. import __version__
 from ..jsonio import JSONFileError, load_json_text
-from ..judge.baseline import (
-    DEFAULT_FOLDER,
-    SCHEMA_VERSION,
-    BaselineError,
-    BaselineFile,
-    migrate_file,
-    parse_baseline,
-    read_baseline,
-)
+from ..judge.baseline import DEFAULT_FOLDER, SCHEMA_VERSION, BaselineError, BaselineFile
 from ..judge.policy import NOISE_FLOOR, case_threshold
+from ..judge.storage import migrate_file, parse_baseline, read_baseline
 from ..judge.verdict import Policy, Verdict, recorded_gate
 from ..record import CaseRecord, Status, id_order
 from ..report.formats import format_mde, format_ratio, format_time

@@ -1,5 +1,5 @@
 """The baseline file's schema migrations: each turns an object of one schema version into the next, in memory
-(baseline.parse_baseline applies them in order; `perfguard migrate` writes the result back)."""
+(storage.parse_baseline applies them in order; `perfguard migrate` writes the result back)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ UNSTABLE_FACTOR = 2.0
 OUTLIER_K = 4.0
 MAD_SD = 1.4826  # the MAD of a normal sample, as an sd
 # When the reference moved with more than this share of the timed cases, the summary says to compare on like
-# machines or record the baseline on this one (outcome.compared; the rule itself: verdict._machine_moved).
+# machines or record the baseline on this one (outcome.compared; the rule itself: reference.machine_moved).
 MACHINE_MOVED_SHARE = 0.25
 # A ratio to the reference cancels a machine that runs uniformly slower or faster, not one in another state.
 # Where the machine moved (the time gate's "the reference moved": variant and reference alike) and the
@@ -76,7 +76,7 @@ MACHINE_MOVED_RATIO_LIMIT = 0.20
 # time (an extra `.item()` on a call of 30 us of host time).
 HOST_MARGIN = 1.5
 # How far the reference may move from its stored time, beside a case, before the case is flagged rather than
-# excused as "the machine moved" (verdict._machine_moved): twice as slow or as fast. Hosts of one model moved
+# excused as "the machine moved" (reference.machine_moved): twice as slow or as fast. Hosts of one model moved
 # SDPA 6-11% (2026-11-25), a freshly started H200 +47% (2026-11-26); a variant that turned SDPA's fast
 # backends off moved it +3,278% and +5,574% (H100, 2026-11-27). And a reference that moved while the run's
 # other cases' references did not (their median move under a quarter of it) moved alone: flagged too, at

@@ -250,7 +250,7 @@ def _pct(ratio: float) -> str:
 
 def confirm_move(run: CaseRun, stored: BaselineEntry, median_ns: float, verdict: Verdict) -> Confirmation:
     """An update run whose time moved past the case's threshold from the stored centre would restart the
-    case's entry (a changed kernel: see baseline.merge_entry). A slow or fast process can do that on its
+    case's entry (a changed kernel: see update_rules.merge_entry). A slow or fast process can do that on its
     own, and would throw away the runs the centre was made of. So the case is measured against the stored
     entry in a fresh process: if it passes there, this run was the process, not the kernel, and it is held
     back from the baseline; otherwise the change stands and the entry restarts."""

@@ -16,7 +16,8 @@ from ..judge.policy import (
     decision,
     judged_margin,
 )
-from ..judge.verdict import MACHINE_MOVED, UNCHECKED_FASTER
+from ..judge.reference import MACHINE_MOVED
+from ..judge.verdict import UNCHECKED_FASTER
 from ..record import CaseRecord, Outcome, Status
 from ..settings import shown
 from .state import UNCOMPARED, UNJUDGED, RunSummary, SessionState, baseline_file
@@ -222,7 +223,7 @@ def decided(state: SessionState, timed: list[CaseRecord], out: RunSummary) -> No
 
 
 def moved_alone(timed: list[CaseRecord]) -> list[str]:
-    """The cases whose time gate the machine was said to excuse (verdict._machine_moved) although the other
+    """The cases whose time gate the machine was said to excuse (reference.machine_moved) although the other
     cases' references did not move with theirs: the median move of the others, in the same direction, is
     under a quarter of the case's own. A machine that moved moves every case's reference; a reference that
     moved beside one case only was moved by that case. Each as 'id (reference +x%, the others' median +y%)'."""
@@ -242,7 +243,7 @@ def moved_alone(timed: list[CaseRecord]) -> list[str]:
 
 
 def _moved_line(timed: list[CaseRecord]) -> str:
-    """The timed cases whose time gate the machine made not comparable (verdict._machine_moved); empty when
+    """The timed cases whose time gate the machine made not comparable (reference.machine_moved); empty when
     there are none."""
     moved = [r for r in timed if (g := r.gate("baseline")) is not None and MACHINE_MOVED in g.reason]
     if not moved:

@@ -7,7 +7,7 @@ here raises into pytest's summary hooks: problems become messages and a non-zero
 
 from __future__ import annotations
 
-from ..judge import baseline as bl
+from ..judge import storage
 from ..record import CaseRecord
 from ..settings import shown
 from .outcome import compared, decided, disturbed_line, nothing_timed, warmup_line
@@ -37,7 +37,7 @@ def finish(state: SessionState, records: list[CaseRecord], *, collected_ids: set
         compared(state, timed, out)
         decided(state, timed, out)
         if state.baseline is not None and state.baseline.exists and collected_ids is not None:
-            stale = bl.stale_entries(state.baseline, collected_ids)
+            stale = storage.stale_entries(state.baseline, collected_ids)
             if stale:
                 out.messages.append(
                     f"perfguard: {len(stale)} stored case(s) in {shown(baseline_file(state))} "

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..judge import baseline as bl
+from ..judge import storage
 from ..judge.policy import (
     NOISE_K,
     RATIO_NOISE_FLOOR,
@@ -79,7 +80,7 @@ def update(state: SessionState, timed: list[CaseRecord], collected_ids: set[str]
         out.errors.append(_nothing_stored(len(timed), len(unverifiable), len(bad), len(held)))
         return
     try:
-        summary = bl.update_baseline(
+        summary = storage.update_baseline(
             path,
             state.device_info,
             entries,
@@ -486,7 +487,7 @@ def _unverifiable_line(unverifiable: dict[str, str]) -> str:
 def _say_ab_offset(path: Path, out: RunSummary) -> None:
     """What the baseline file's A/A readings now fit the A/B gate's per-process offset to, per size class."""
     try:
-        fitted = bl.read_baseline(path).ab_offset()
+        fitted = storage.read_baseline(path).ab_offset()
     except bl.BaselineError:
         return
     if fitted is not None:
@@ -504,7 +505,7 @@ def _say_wide_entries(state: SessionState, path: Path, ids: list[str], out: RunS
     from ..report.terminal import margin_lines
 
     try:
-        written = bl.read_baseline(path)
+        written = storage.read_baseline(path)
     except bl.BaselineError:
         return
     # The guard's policy: its typical spreads are the file's as written now, not as this run read it.
@@ -541,14 +542,14 @@ def _say_wide_entries(state: SessionState, path: Path, ids: list[str], out: RunS
 
 def _prune_or_report_stale(state: SessionState, path: Path, collected_ids: set[str], out: RunSummary) -> None:
     try:
-        current = bl.read_baseline(path)
+        current = storage.read_baseline(path)
     except bl.BaselineError as exc:
         out.errors.append(str(exc))
         return
-    stale = bl.stale_entries(current, collected_ids)
+    stale = storage.stale_entries(current, collected_ids)
     if stale and state.settings.prune:
         try:
-            gone = bl.remove_cases(path, set(stale))
+            gone = storage.remove_cases(path, set(stale))
         except (bl.BaselineError, OSError) as exc:
             out.errors.append(f"perfguard: stale cases not pruned: {exc}")
             return

@@ -21,13 +21,10 @@ from pytest_perfguard.judge.baseline import (
     BaselineFile,
     ProcessSample,
     ab_offset_of,
-    migrate_file,
-    read_baseline,
-    update_baseline,
-    write_baseline,
 )
 from pytest_perfguard.judge.policy import AB_OFFSET_MIN_READINGS, fit_process_offset
 from pytest_perfguard.judge.stats import chi2_quantile
+from pytest_perfguard.judge.storage import migrate_file, read_baseline, update_baseline, write_baseline
 from pytest_perfguard.record import CaseRecord, Gate, Status
 from pytest_perfguard.run.ab import aa_base, use_stored_offset
 from pytest_perfguard.run.samples import aa_reading

@@ -19,15 +19,18 @@ from filelock import FileLock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_perfguard.jsonio import lock_file
-from pytest_perfguard.judge import baseline as bl
+from pytest_perfguard.jsonio import dumps, lock_file
+from pytest_perfguard.judge import update_rules
 from pytest_perfguard.judge.baseline import (
     SCHEMA_VERSION,
     BaselineEntry,
     BaselineError,
     BaselineFile,
     ProcessSample,
-    dumps,
+)
+from pytest_perfguard.judge.migrations import MIGRATIONS
+from pytest_perfguard.judge.policy import MAX_SAMPLES
+from pytest_perfguard.judge.storage import (
     migrate_file,
     read_baseline,
     remove_cases,
@@ -35,8 +38,6 @@ from pytest_perfguard.judge.baseline import (
     update_baseline,
     write_baseline,
 )
-from pytest_perfguard.judge.migrations import MIGRATIONS
-from pytest_perfguard.judge.policy import MAX_SAMPLES
 from pytest_perfguard.slugs import device_slug
 
 DEVICE: dict[str, Any] = {
@@ -644,7 +645,7 @@ def test_noise_floor_applies(tmp_path: Path) -> None:
     update_baseline(path, DEVICE, {"a": sampled("a", 9123.4, 9123.4)}, noise_floor=0.01)
     stored = read_baseline(path).cases["a"]
     assert stored.runs == 3 and stored.noise == pytest.approx(0.0, abs=1e-12)
-    assert bl.entry_threshold(stored, 0.001, 0.01) > 0.01
+    assert update_rules.entry_threshold(stored, 0.001, 0.01) > 0.01
 
 
 @pytest.mark.parametrize(
@@ -838,7 +839,7 @@ def test_a_move_within_the_guards_own_threshold_is_noise_not_a_new_kernel(tmp_pa
     kw: dict[str, Any] = {"noise_floor": 0.005, "change_threshold": 0.05}
     update_baseline(path, DEVICE, {"a": sampled("a", 10_000.0, 10_400.0, 9_800.0)}, **kw)
     stored = read_baseline(path).cases["a"]
-    assert bl.entry_threshold(stored, 0.05, 0.005) > 0.06
+    assert update_rules.entry_threshold(stored, 0.05, 0.005) > 0.06
     moved = update_baseline(path, DEVICE, {"a": sampled("a", 10_600.0, 10_650.0, 10_550.0)}, **kw)
     assert moved.updated == ["a"] and read_baseline(path).cases["a"].runs == 6
     far = update_baseline(path, DEVICE, {"a": sampled("a", 20_000.0, 20_100.0, 19_900.0)}, **kw)

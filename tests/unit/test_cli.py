@@ -12,13 +12,8 @@ from typing import Any
 import pytest
 
 from pytest_perfguard.commands.cli import change_ci, compare_threshold, judge, main
-from pytest_perfguard.judge.baseline import (
-    SCHEMA_VERSION,
-    BaselineEntry,
-    BaselineFile,
-    read_baseline,
-    write_baseline,
-)
+from pytest_perfguard.judge.baseline import SCHEMA_VERSION, BaselineEntry, BaselineFile
+from pytest_perfguard.judge.storage import read_baseline, write_baseline
 from pytest_perfguard.record import CaseRecord, Correctness
 from pytest_perfguard.report.formats import format_ratio, format_time
 from pytest_perfguard.report.results import ResultsError, read_results

@@ -197,12 +197,15 @@ def test_update_moves_and_gates_share_one_threshold() -> None:
     from dataclasses import replace
 
     from pytest_perfguard.judge import baseline as bl
+    from pytest_perfguard.judge import update_rules
     from pytest_perfguard.judge.policy import NOISE_K, detectable_margin
 
     policy = vd.Policy(margin=0.05, noise_floor=0.005)
     for noise in (0.0, 0.001, 0.005, 0.0125, 0.02, 0.1):
         entry = replace(_entry(), noise=noise)
-        assert bl.change_limit(entry, policy.margin, policy.noise_floor, NOISE_K) == policy.baseline_delta(entry)
+        assert update_rules.change_limit(entry, policy.margin, policy.noise_floor, NOISE_K) == policy.baseline_delta(
+            entry
+        )
         # one process: the k = 1 rule, never below what the entry can detect
         seen = detectable_margin(noise, 1, entry.half_width, policy.noise_floor)
         assert policy.baseline_delta(entry) == max(policy.delta(noise), seen)
@@ -214,7 +217,7 @@ def test_update_moves_and_gates_share_one_threshold() -> None:
         env={},
         updated="",
     )
-    assert bl.change_limit(three, 0.05, 0.005, NOISE_K) == policy.baseline_delta(three) > 0.05
+    assert update_rules.change_limit(three, 0.05, 0.005, NOISE_K) == policy.baseline_delta(three) > 0.05
 
 
 def _dec(half_width: float, confidence: float = 0.95) -> Interval:

@@ -22,6 +22,7 @@ import pytest
 
 from pytest_perfguard.commands.cli import main
 from pytest_perfguard.commands.explain import command as ex
+from pytest_perfguard.commands.explain import ncu as nc
 from pytest_perfguard.explanation import DURATION, Explanation, KernelDiff, MetricDiff
 from pytest_perfguard.jsonio import dumps
 from pytest_perfguard.record import CaseRecord, Gate, Outcome, Status
@@ -73,7 +74,7 @@ DETAILS = "\n".join(
 
 
 def test_raw_page_parses_to_canonical_units() -> None:
-    (kernel,) = ex.parse_ncu_csv(HEAD)
+    (kernel,) = nc.parse_ncu_csv(HEAD)
     assert kernel.short == "flash_fwd_kernel<128, 64, true>"
     assert (kernel.block, kernel.grid) == ("(128,1,1)", "(64,16,1)")
     v = kernel.values
@@ -86,17 +87,17 @@ def test_raw_page_parses_to_canonical_units() -> None:
 
 
 def test_details_page_parses_and_skips_na() -> None:
-    (kernel,) = ex.parse_ncu_csv(DETAILS)
+    (kernel,) = nc.parse_ncu_csv(DETAILS)
     assert kernel.values == {"gpu__time_duration.sum": 4096.0, "sm__cycles_elapsed.avg.per_second": 1.98}
 
 
 def test_output_without_a_table_is_an_error() -> None:
-    with pytest.raises(ex.ExplainError, match="no ncu CSV table"):
-        ex.parse_ncu_csv("==PROF== Disconnected\n")
+    with pytest.raises(nc.ExplainError, match="no ncu CSV table"):
+        nc.parse_ncu_csv("==PROF== Disconnected\n")
 
 
 def test_diff_table_shows_head_base_and_change() -> None:
-    text = ex.diff_table(ex.parse_ncu_csv(HEAD), ex.parse_ncu_csv(BASE))
+    text = nc.diff_table(nc.parse_ncu_csv(HEAD), nc.parse_ncu_csv(BASE))
     lines = {line.split("  ")[0]: line for line in text.splitlines()}
     assert text.startswith("kernel 1 of 1: flash_fwd_kernel<128, 64, true>\n")
     assert "1.04 ms" in lines["duration"] and "958.40 us" in lines["duration"] and "+8.7%" in lines["duration"]
@@ -110,8 +111,8 @@ def test_diff_table_shows_head_base_and_change() -> None:
 
 
 def test_kernels_pair_by_name_when_launch_counts_differ() -> None:
-    two = ex.parse_ncu_csv(BASE) + ex.parse_ncu_csv(DETAILS)
-    text = ex.diff_table(two, ex.parse_ncu_csv(BASE))
+    two = nc.parse_ncu_csv(BASE) + nc.parse_ncu_csv(DETAILS)
+    text = nc.diff_table(two, nc.parse_ncu_csv(BASE))
     assert "kernel 1 of 2: flash_fwd_kernel<128, 64, true>\n" in text
     assert "kernel 2 of 2: splitkv_combine (head only)" in text
     assert "total duration of 2 head / 1 base kernel launches" in text
@@ -123,7 +124,7 @@ def test_without_ncu_it_says_what_it_needs(
     monkeypatch.setenv("PATH", "")
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(ex, "DEFAULT_CUDA", tmp_path)  # a host whose /usr/local/cuda has ncu would find it
+    monkeypatch.setattr(nc, "DEFAULT_CUDA", tmp_path)  # a host whose /usr/local/cuda has ncu would find it
     assert main(["explain", "-k", "test_x", "--against", "HEAD~1"]) == 2
     err = capsys.readouterr().err
     assert "needs Nsight Compute: the `ncu` command on PATH, in $CUDA_HOME/bin" in err
@@ -138,14 +139,14 @@ def test_ncu_is_found_in_the_cuda_toolkit_when_not_on_path(tmp_path: Path, monke
     ncu.chmod(0o755)
     monkeypatch.setenv("PATH", "")
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(ex, "DEFAULT_CUDA", tmp_path / "nowhere")
+    monkeypatch.setattr(nc, "DEFAULT_CUDA", tmp_path / "nowhere")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
-    assert ex.find_ncu() == str(ncu)
+    assert nc.find_ncu() == str(ncu)
     monkeypatch.delenv("CUDA_HOME")
-    assert ex.find_ncu() is None
-    monkeypatch.setattr(ex, "DEFAULT_CUDA", tmp_path / "cuda")
-    assert ex.find_ncu() == str(ncu)
-    assert ex.find_ncu(str(tmp_path / "missing")) is None
+    assert nc.find_ncu() is None
+    monkeypatch.setattr(nc, "DEFAULT_CUDA", tmp_path / "cuda")
+    assert nc.find_ncu() == str(ncu)
+    assert nc.find_ncu(str(tmp_path / "missing")) is None
 
 
 def test_usage_errors_say_what_to_pass(capsys: pytest.CaptureFixture[str]) -> None:
@@ -454,7 +455,7 @@ def test_a_case_the_results_file_lacks_is_refused_before_the_base_profile(
 def test_attach_keeps_what_others_attached_and_refuses_a_file_gone_bad(tmp_path: Path) -> None:
     ids = [CASE, "tests/perf/test_k.py::test_x[w-S64]"]
     path = _results(tmp_path / "r.json", [_record(i, Status.REGRESSED) for i in ids])
-    kernels = ex.kernel_diffs(ex.parse_ncu_csv(HEAD), ex.parse_ncu_csv(BASE))
+    kernels = nc.kernel_diffs(nc.parse_ncu_csv(HEAD), nc.parse_ncu_csv(BASE))
     first = Explanation("HEAD~1", "a" * 40, "b" * 40, True, "GPU", "Nsight Compute 1", "base", kernels)
     second = Explanation("main", "c" * 40, None, False, "GPU", "Nsight Compute 1", "none", kernels[:0])
     ex.attach(path, ids[0], first)
@@ -503,7 +504,7 @@ def test_clean_tree_without_against_says_to_pass_it(
 ) -> None:
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     monkeypatch.delenv("PERFGUARD_AGAINST", raising=False)
-    with pytest.raises(ex.ExplainError, match="pass --against REV"):
+    with pytest.raises(nc.ExplainError, match="pass --against REV"):
         ex.default_against(tmp_path)
 
 

@@ -45,6 +45,7 @@ TOP_LEVEL = {
     "locks": "base",
     "gitrev": "base",
     "slugs": "base",
+    "usage": "base",
 }
 FLOOR_OF = {part: n for n, parts in enumerate(FLOORS) for part in parts}
 

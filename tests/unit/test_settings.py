@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from pytest_perfguard import locks, settings
-from pytest_perfguard.run import ab
-from pytest_perfguard.settings import AB_SMALL_NS, BY_NAME, SPECS, Settings, convert, from_env, options_table
+from pytest_perfguard.run import basetree
+from pytest_perfguard.settings import AB_SMALL_NS, BY_NAME, SPECS, Settings, convert, from_env
+from pytest_perfguard.usage import options_table
 
 pytest_plugins = ["pytester"]
 
@@ -26,8 +27,8 @@ def test_readme_options_table_is_the_settings_table() -> None:
     match = re.search(r"<!-- options:start -->\n(.*?)\n<!-- options:end -->", text, re.S)
     assert match, "README.md needs the options table between <!-- options:start --> and <!-- options:end -->"
     assert match.group(1).strip() == options_table().strip(), (
-        "README's options table differs from pytest_perfguard/settings.py; regenerate it with "
-        "python -m pytest_perfguard.settings"
+        "README's options table differs from pytest_perfguard/usage.py; regenerate it with "
+        "python -m pytest_perfguard.usage"
     )
 
 
@@ -91,7 +92,7 @@ def test_every_perfguard_variable_the_package_reads_is_in_the_table() -> None:
     """The lock and cache folders were read beside the table, each by a rule of its own for an empty value."""
     named = {m for path in PACKAGE.rglob("*.py") for m in re.findall(r"PERFGUARD_[A-Z][A-Z_]*", path.read_text())}
     assert named - HAND_OFF <= {spec.env for spec in SPECS}, sorted(named - HAND_OFF - {s.env for s in SPECS})
-    assert {BY_NAME["cache_dir"].env, BY_NAME["lock_dir"].env} == {ab.CACHE_DIR_ENV, locks.LOCK_DIR_ENV}
+    assert {BY_NAME["cache_dir"].env, BY_NAME["lock_dir"].env} == {basetree.CACHE_DIR_ENV, locks.LOCK_DIR_ENV}
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS if s.env_only], ids=lambda s: s.name)
@@ -113,13 +114,13 @@ def test_empty_lock_and_cache_folders_mean_the_defaults(monkeypatch: pytest.Monk
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv(locks.LOCK_DIR_ENV, "")
-    monkeypatch.setenv(ab.CACHE_DIR_ENV, "")
+    monkeypatch.setenv(basetree.CACHE_DIR_ENV, "")
     assert locks.lock_dir() == tmp_path / "tmp" / f"pytest-perfguard-{locks.uid()}"
-    assert ab.cache_dir() == tmp_path / "xdg" / "pytest-perfguard"
+    assert basetree.cache_dir() == tmp_path / "xdg" / "pytest-perfguard"
     monkeypatch.setenv(locks.LOCK_DIR_ENV, str(tmp_path / "locks"))
-    monkeypatch.setenv(ab.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(basetree.CACHE_DIR_ENV, str(tmp_path / "cache"))
     assert locks.lock_dir() == tmp_path / "locks" / f"pytest-perfguard-{locks.uid()}"
-    assert ab.cache_dir() == tmp_path / "cache"
+    assert basetree.cache_dir() == tmp_path / "cache"
 
 
 def test_an_empty_environment_variable_leaves_the_ini_value(

@@ -7,6 +7,7 @@ import math
 import random
 
 from pytest_perfguard.judge import baseline as bl
+from pytest_perfguard.judge import reference
 from pytest_perfguard.judge import verdict as vd
 from pytest_perfguard.judge.policy import HOST_MARGIN, REFERENCE_BAND
 from pytest_perfguard.measure import hosttime, timing
@@ -110,7 +111,7 @@ def test_a_reference_that_moved_beyond_the_band_flags_the_case() -> None:
 
 
 def _moved(case_id: str, move: float | None, excused: bool) -> CaseRecord:
-    reason = f"not comparable: ...; {vd.MACHINE_MOVED} +30.0% too" if excused else "time vs baseline +0.1%"
+    reason = f"not comparable: ...; {reference.MACHINE_MOVED} +30.0% too" if excused else "time vs baseline +0.1%"
     return CaseRecord(
         id=case_id,
         median_ns=1000.0,

@@ -1,2 +1,2 @@
-"""``perfguard explain``: the Nsight Compute diff (command.py) and the pytest plugin it runs under ncu
-(probe.py)."""
+"""``perfguard explain``: the command (command.py), Nsight Compute's profile, parse and diff (ncu.py), and the
+pytest plugin it runs under ncu (probe.py)."""
