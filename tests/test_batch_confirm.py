@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 import pytest
-from test_plugin import CONFTEST, MODES, NO_N0, _case, record_baseline, run
+from test_plugin import CONFTEST, MODES, NO_N0, TESTED_MODES, _case, record_baseline, run
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end, with fresh processes
@@ -74,7 +74,7 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-@pytest.fixture(params=list(MODES))
+@pytest.fixture(params=TESTED_MODES)  # -n 0 adds nothing to these (tests/test_plugin.py, TESTED_MODES)
 def mode(request: pytest.FixtureRequest) -> list[str]:
     return MODES[request.param]
 

@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 import pytest
-from test_plugin import CONFTEST, run
+from test_plugin import CONFTEST, TESTED_MODES, run
 
 from pytest_perfguard.run import context
 
@@ -92,7 +92,7 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-@pytest.fixture(params=list(MODES))
+@pytest.fixture(params=TESTED_MODES)  # -n 0 adds nothing to these (tests/test_plugin.py, TESTED_MODES)
 def mode(request: pytest.FixtureRequest) -> list[str]:
     return MODES[request.param]
 

@@ -92,17 +92,21 @@ def test_attn(S, perfguard_device):
 """
 
 
-@pytest.fixture(params=list(MODES))
+# The modes a run is tested in: without xdist and with two workers. Under -n 0 the session is the no-xdist one
+# (xdist loaded, no worker; the records never travel): what -n 0 changes is that the controller plugin is
+# registered (inert without workers) and that a fresh process is started with "-n 0" when xdist is loaded,
+# which every -n 2 run does too. The update-then-A/A test keeps all three modes (ALL_MODES), the one place
+# -n 0 runs end to end; elsewhere it cost a third of each test's runs and tested nothing the others do not.
+TESTED_MODES = ("no-xdist", "n2")
+
+
+@pytest.fixture(params=TESTED_MODES)
 def mode(request: pytest.FixtureRequest) -> list[str]:
     return MODES[request.param]
 
 
-# The tests whose runs start fresh processes (a confirmation, an update's further processes), seconds of CPU
-# each, run without xdist and with two workers only. Under -n 0 the session is the no-xdist one (xdist loaded,
-# no worker; the records never travel), and the one thing -n 0 changes for them, the "-n 0" that a fresh
-# process is started with when xdist is loaded, every -n 2 run does too. The update-then-A/A test keeps all
-# three modes, and the cheaper tests above and below keep them as well.
-NO_N0 = pytest.mark.parametrize("mode", ["no-xdist", "n2"], indirect=True)
+ALL_MODES = pytest.mark.parametrize("mode", list(MODES), indirect=True)
+NO_N0 = pytest.mark.parametrize("mode", list(TESTED_MODES), indirect=True)
 # A gate's arithmetic is the same in every mode: a test of one gate alone runs once, without xdist. Its
 # failure reaches the controller, and is confirmed from a worker, as the time gate's does under -n 2 in the
 # update-then-A/A test.
@@ -365,6 +369,7 @@ def test_attn(S, perfguard_device):
     assert records["fast"]["mde"] == min(gate_mde["fast"]["baseline"], gate_mde["fast"]["ratio"])
 
 
+@ALL_MODES
 def test_update_then_aa_rerun_passes_and_planted_slowdown_fails(project: pytest.Pytester, mode: list[str]) -> None:
     project.makepyfile(test_k=_case())
     result = run(project, mode, "--perfguard-update-baseline")
