@@ -16,7 +16,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("AB_ROTATION") == "1":
         from dataclasses import replace
 
-        from pytest_perfguard.run.state import STATE
+        from pytest_perfguard.research import STATE
 
         state = config.stash[STATE]
         state.role = replace(state.role, update_process=True)

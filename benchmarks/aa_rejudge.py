@@ -44,11 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 from tabulate import tabulate
 
-from pytest_perfguard.judge import verdict as vd
-from pytest_perfguard.judge.baseline import BaselineEntry
-from pytest_perfguard.judge.policy import NOISE_FLOOR, RATIO_NOISE_FLOOR
-from pytest_perfguard.judge.stats import log_interval
-from pytest_perfguard.judge.storage import read_baseline
+from pytest_perfguard.research import NOISE_FLOOR, RATIO_NOISE_FLOOR, BaselineEntry, log_interval, read_baseline
+from pytest_perfguard.research import verdict as vd
 
 TARGET_RATE = 0.95  # "caught in >= 95% of trials"
 FINE_GRID = [k / 200 for k in range(1, 31)]  # 0.5% .. 15%

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._output import DEFAULT_DIR  # noqa: E402
 from benchmarks._plugin import plugin_args  # noqa: E402
-from pytest_perfguard.settings import AB_SMALL_NS, Settings  # noqa: E402
+from pytest_perfguard.research import AB_SMALL_NS, Settings  # noqa: E402
 
 IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "out", ".whl", ".gl", "*.egg-info", ".mypy_cache")
 
@@ -58,7 +58,7 @@ PLANT = """
 import json as _json
 import pathlib as _pl
 
-from pytest_perfguard.run.runner import describe_workload as _describe
+from pytest_perfguard.research import describe_workload as _describe
 
 _PLANT = _json.loads((_pl.Path(__file__).parent / "planted.json").read_text())
 
@@ -132,9 +132,9 @@ import pathlib as _pl
 
 from kernels import triton_flash as _tf
 from kernels import triton_flash_unplanted as _orig
-from pytest_perfguard.run.runner import describe_workload as _describe
-from pytest_perfguard.measure.timers import make_timer as _make_timer
-from pytest_perfguard.measure.timing import MeasureConfig as _Cfg, measure as _measure
+from pytest_perfguard.research import describe_workload as _describe
+from pytest_perfguard.research import make_timer as _make_timer
+from pytest_perfguard.research import MeasureConfig as _Cfg, measure as _measure
 
 _KPLAN = _json.loads((_pl.Path(__file__).parent / "planted.json").read_text())
 _ITERS = {}
@@ -286,8 +286,8 @@ def warm_up(repo: Path, out: Path) -> float:
 
 CALIBRATE = """
 import json, torch
-from pytest_perfguard.measure.timers import CudaTimer
-from pytest_perfguard.measure.timing import MeasureConfig, measure
+from pytest_perfguard.research import CudaTimer
+from pytest_perfguard.research import MeasureConfig, measure
 timer, cfg = CudaTimer(), MeasureConfig(target=0.005, budget_s=2.0)
 spin = lambda n: measure(lambda i: (lambda: torch.cuda._sleep(n)), None, timer, cfg).time.estimate
 floor, high = spin(0), spin(200_000)
@@ -471,7 +471,7 @@ def rejudge(r: dict[str, Any], margin: float) -> str | None:
     ratios = (r.get("ab") or {}).get("group_ratios")
     if not ratios:
         return None
-    from pytest_perfguard.judge.verdict import Policy, ab_gate
+    from pytest_perfguard.research import Policy, ab_gate
 
     return str(ab_gate(ratios, Policy(), margin).status)
 
@@ -484,7 +484,7 @@ def caught_at_promise(r: dict[str, Any], family_size: int) -> bool | None:
     ratios = (r.get("ab") or {}).get("group_ratios")
     if not ratios:
         return None
-    from pytest_perfguard.judge.verdict import Policy, ab_gate
+    from pytest_perfguard.research import Policy, ab_gate
 
     defaults = Settings()
     margin, detect = defaults.ab_margin_for(r["median_ns"]), defaults.ab_detect_for(r["median_ns"])

@@ -105,7 +105,7 @@ def unavailable(entry: Entry, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """The variant's declared requirements, its module's ``unavailable_reason()``, then one trial call."""
     if entry.requires is not None:
         try:
-            from pytest_perfguard.marker import unmet_requirement
+            from pytest_perfguard.research import unmet_requirement
 
             reason = unmet_requirement(entry.requires, str(q.device))
         except ImportError:
@@ -196,8 +196,8 @@ class Timing:
         self.engine: Any = None
         if use_engine:
             try:
-                from pytest_perfguard.measure import timing as engine
-                from pytest_perfguard.measure.timers import make_timer
+                from pytest_perfguard.research import make_timer
+                from pytest_perfguard.research import timing as engine
 
                 self.engine = engine
                 self.timer = make_timer("cuda" if device.type == "cuda" else "cpu")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_perfguard.commands.history.store import change_indices
+from pytest_perfguard.research import change_indices
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json.xz"
 CLASSES = {"device": "sdpa_l2flush", "multi-kernel": "naive", "launch-bound": "sdpa"}

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._output import DEFAULT_DIR  # noqa: E402
 from benchmarks._plugin import plugin_args  # noqa: E402
-from pytest_perfguard.measure import copies, correctness  # noqa: E402
+from pytest_perfguard.research import copies, correctness  # noqa: E402
 
 
 def _sync() -> None:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_perfguard.judge import policy as pl
-from pytest_perfguard.judge import verdict as vd
-from pytest_perfguard.judge.storage import read_baseline
+from pytest_perfguard.research import policy as pl
+from pytest_perfguard.research import read_baseline
+from pytest_perfguard.research import verdict as vd
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_perfguard.commands.history.store import CaseSummary, find_changes, open_history
+from pytest_perfguard.research import CaseSummary, find_changes, open_history
 
 GITHUB_FILE_LIMIT = 100 * 1024 * 1024
 VERDICTS = ("pass", "pass", "pass", "pass", "inconclusive", "faster", "regressed")

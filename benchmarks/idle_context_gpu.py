@@ -41,7 +41,7 @@ def watch(device: str, seconds: float) -> dict[str, Any]:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from pytest_perfguard.measure.device import Disturbances
+    from pytest_perfguard.research import Disturbances
 
     if not torch.cuda.is_available():
         return {"skip": "torch sees no CUDA device"}

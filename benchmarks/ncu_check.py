@@ -107,7 +107,7 @@ class SmClock:
     (no samples where pynvml is missing; the plugin's own NVML access and GPU lookup)."""
 
     def __init__(self) -> None:
-        from pytest_perfguard.measure.device import nvml, nvml_handle
+        from pytest_perfguard.research import nvml, nvml_handle
 
         self.samples: list[int] = []
         self._stop = threading.Event()
@@ -182,8 +182,7 @@ def _engine() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Per case: the engine's time (us), NVML's median SM clock while it measured (MHz), and the isolated
     launch time (us)."""
     from kernels import KERNELS
-    from pytest_perfguard.measure.timers import CudaTimer
-    from pytest_perfguard.measure.timing import MeasureConfig, measure
+    from pytest_perfguard.research import CudaTimer, MeasureConfig, measure
 
     timer = CudaTimer()
     clock = SmClock()

@@ -26,8 +26,7 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_perfguard.judge.baseline import BaselineEntry, BaselineFile
-from pytest_perfguard.judge.storage import read_baseline, write_baseline
+from pytest_perfguard.research import BaselineEntry, BaselineFile, read_baseline, write_baseline
 
 
 def write(src: Path, out_dir: Path, x: float, self_variant: str = "sdpa") -> Path:

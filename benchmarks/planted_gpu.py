@@ -41,12 +41,18 @@ from tabulate import tabulate
 from benchmarks._output import output_paths
 from benchmarks._timing import EventTimer
 from kernels import KERNELS, sdpa
-from pytest_perfguard.judge import verdict as vd
-from pytest_perfguard.judge.baseline import BaselineEntry
-from pytest_perfguard.judge.policy import NOISE_FLOOR, RATIO_NOISE_FLOOR
-from pytest_perfguard.judge.storage import read_baseline
-from pytest_perfguard.measure.timers import CudaTimer
-from pytest_perfguard.measure.timing import MeasureConfig, Measurement, measure, pooled
+from pytest_perfguard.research import (
+    NOISE_FLOOR,
+    RATIO_NOISE_FLOOR,
+    BaselineEntry,
+    CudaTimer,
+    MeasureConfig,
+    Measurement,
+    measure,
+    pooled,
+    read_baseline,
+)
+from pytest_perfguard.research import verdict as vd
 
 CASES = [
     ("sdpa", (8, 8, 128, 64)),

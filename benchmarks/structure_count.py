@@ -9,7 +9,7 @@ is measured by. Prints a table; changes nothing.
 - places that read a results document's cases (`["results"]` or `.get("results"...)` on a mapping): the
   readers of the results JSON, one wanted;
 - benchmarks/ and tests/ modules that import the package's private modules (anything but the package's top
-  level), and tests that import benchmarks/.
+  level and, for the studies, pytest_perfguard.research), and tests that import benchmarks/.
 Import cycles and upward imports are counted by tests/unit/test_import_graph.py (0 of each is enforced).
 """
 
@@ -22,10 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "pytest_perfguard"
 LONG = 600
+RESEARCH = "pytest_perfguard.research"
 
 
 def _modules(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+    """The folder's Python files, without bytecode caches and benchmarks/out (the scripts' ignored output)."""
+    out = ROOT / "benchmarks" / "out"
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts and out not in p.parents)
 
 
 def _gets(tree: ast.AST) -> int:
@@ -52,14 +55,15 @@ def _results_reads(tree: ast.AST) -> int:
 
 
 def _private_imports(tree: ast.AST) -> set[str]:
-    """The package's submodules a module imports (`pytest_perfguard.x...`)."""
+    """The package's submodules a module imports (`pytest_perfguard.x...`), but its research seam
+    (pytest_perfguard.research, the names the studies use, in one place)."""
     found = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("pytest_perfguard."):
             found.add(n.module)
         elif isinstance(n, ast.Import):
             found |= {a.name for a in n.names if a.name.startswith("pytest_perfguard.")}
-    return found
+    return found - {RESEARCH}
 
 
 def _imports_benchmarks(tree: ast.AST) -> bool:
@@ -100,7 +104,12 @@ def main() -> int:
             for p in _modules(ROOT / folder)
         }
         using = {k: v for k, v in private.items() if v}
-        print(f"\n{folder}/ modules importing the package's submodules: {len(using)} of {len(private)}")
+        print(
+            f"\n{folder}/ modules importing the package's submodules (not {RESEARCH}): {len(using)} of {len(private)}"
+        )
+        if folder == "benchmarks":
+            for name in sorted(using):
+                print(f"  {name}")
     tests_on_benchmarks = [
         str(p.relative_to(ROOT))
         for p in _modules(ROOT / "tests")

@@ -29,8 +29,7 @@ from benchmarks._output import output_paths
 from benchmarks._timing import EventTimer
 from kernels.reference import math_attention
 from kernels.sdpa import sdpa, sdpa_backend
-from pytest_perfguard.measure.timers import CudaTimer
-from pytest_perfguard.measure.timing import MeasureConfig, measure
+from pytest_perfguard.research import CudaTimer, MeasureConfig, measure
 
 SHAPES = [(1, 1, 128, 64), (8, 8, 128, 64), (16, 8, 512, 64), (4, 16, 2048, 64)]
 

@@ -67,15 +67,30 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_perfguard.judge import baseline as bl
-from pytest_perfguard.judge import update_rules
-from pytest_perfguard.judge.policy import NOISE_FLOOR, NOISE_K, RATIO_NOISE_FLOOR
-from pytest_perfguard.judge.verdict import FASTER, INCONCLUSIVE, PASS, REGRESSED, Policy, Verdict, decide
-from pytest_perfguard.measure.timers import Call, CpuTimer, PreparedSample, SampleTime
-from pytest_perfguard.measure.timing import MeasureConfig, Measurement, measure, pooled
-from pytest_perfguard.record import CaseRecord
-from pytest_perfguard.run.samples import entry_of
-from pytest_perfguard.settings import Settings
+from pytest_perfguard.research import (
+    NOISE_FLOOR,
+    NOISE_K,
+    RATIO_NOISE_FLOOR,
+    BaselineEntry,
+    Call,
+    CaseRecord,
+    CpuTimer,
+    MeasureConfig,
+    Measurement,
+    Policy,
+    PreparedSample,
+    SampleTime,
+    Settings,
+    Status,
+    Verdict,
+    decide,
+    entry_of,
+    measure,
+    pooled,
+    update_rules,
+)
+
+FASTER, INCONCLUSIVE, PASS, REGRESSED = Status.FASTER, Status.INCONCLUSIVE, Status.PASS, Status.REGRESSED
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_attention_timing_samples.json.xz"
 
@@ -301,11 +316,11 @@ def _log_quantile(bounds: tuple[float, float], u: float) -> float:
     return lo if hi <= lo else math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
 
 
-def baseline_entry(runs: Sequence[Run]) -> bl.BaselineEntry:
+def baseline_entry(runs: Sequence[Run]) -> BaselineEntry:
     """The entry update runs store, built exactly as session.py does (record -> entry_of -> merge_entry, in
     turn): the runs' geometric-mean time and ratio, their between-run noise folded in."""
     floor = NOISE_FLOOR["cuda"]
-    entry: bl.BaselineEntry | None = None
+    entry: BaselineEntry | None = None
     for run in runs:
         m = run.first
         record = CaseRecord(
@@ -333,36 +348,20 @@ class Judged:
 
 
 def ratio_noise(runs: Sequence[Run]) -> float:
-    """Proposal: the ratio's own between-run noise, folded over the update runs as merge_entry folds time's."""
+    """Proposal: the ratio's own between-run noise, as an entry derives time's from its process samples (the
+    sd of the logs over the update runs, never below the floor)."""
     floor = RATIO_NOISE_FLOOR["cuda"]
-    ratios = [r.first.ratio.estimate for r in runs if r.first.ratio is not None]
-    noise, last, n = floor, ratios[0], 1
-    for x in ratios[1:]:
-        probe = bl.BaselineEntry(
-            case_id="r",
-            workload=WORKLOAD,
-            workload_desc="",
-            env={},
-            median_ns=last,
-            ci_ns=(last, last),
-            ratio=None,
-            ratio_ci=None,
-            noise=noise,
-            runs=n,
-            blocks=0,
-            updated="",
-        )
-        noise, last, n = bl.fold_noise(probe, x, floor), x, n + 1
-    return noise
+    logs = [math.log(r.first.ratio.estimate) for r in runs if r.first.ratio is not None]
+    return max(floor, statistics.stdev(logs)) if len(logs) >= 2 else floor
 
 
-def judge_perfguard(run: Run, stored: bl.BaselineEntry, policy: Policy, ratio_noise: float | None = None) -> Judged:
+def judge_perfguard(run: Run, stored: BaselineEntry, policy: Policy, ratio_noise: float | None = None) -> Judged:
     """decide() plus the runner's rule: a regressed/inconclusive case is re-measured once, blocks pooled.
 
     `ratio_noise` (a proposal) judges the ratio gate with the ratio's own folded noise instead of time's.
     """
 
-    def decide_with(m: Measurement, entry: bl.BaselineEntry) -> Verdict:
+    def decide_with(m: Measurement, entry: BaselineEntry) -> Verdict:
         return decide(
             m.variant_blocks,
             m.against_blocks,

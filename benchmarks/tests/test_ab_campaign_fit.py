@@ -9,7 +9,7 @@ import random
 import pytest
 
 from benchmarks.ab_campaign import process_offset
-from pytest_perfguard.judge.policy import fit_process_offset
+from pytest_perfguard.research import fit_process_offset
 from tests.unit.test_ab_offset import Z975, readings
 
 

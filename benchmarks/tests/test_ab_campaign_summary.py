@@ -8,7 +8,7 @@ import random
 import pytest
 
 from benchmarks.ab_campaign import caught_at_promise, process_offset
-from pytest_perfguard.settings import AB_PROCESS_SD, AB_SMALL_NS, AB_SMALL_PROCESS_SD
+from pytest_perfguard.research import AB_PROCESS_SD, AB_SMALL_NS, AB_SMALL_PROCESS_SD
 from tests.unit.recorded_aa import records
 
 

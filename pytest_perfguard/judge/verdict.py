@@ -41,8 +41,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..record import Gate as Gate  # the one gate type; judged here, kept in records
-from ..record import Status
+from ..record import (
+    Gate,  # the one gate type; judged here, kept in records
+    Status,
+)
 from ..settings import DEFAULT_MARGIN
 from . import reference
 from .baseline import BaselineEntry

@@ -27,8 +27,6 @@ from .formats import (
 )
 
 # The results file is results.py's; its writer stays importable from here too, where tests import it.
-from .results import results_document as results_document
-from .results import write_results as write_results
 
 
 def delta_text(record: CaseRecord, gate: str) -> str:

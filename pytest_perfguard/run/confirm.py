@@ -40,9 +40,9 @@ import pytest
 from _pytest.runner import get_reraise_exceptions, runtestprotocol
 
 from ..judge.policy import BATCH_TIME_FACTOR, CONFIRM_PROCESSES, process_mean, within_together
-from ..judge.verdict import Gate, Verdict
+from ..judge.verdict import Verdict
 from ..marker import MARK_NAME
-from ..record import CaseRecord, Confirmed, Status
+from ..record import CaseRecord, Confirmed, Gate, Status
 from . import xdist as xd
 from .context import RUN_ORDER, Context, RunOrder, aside, cases_text, replay_in_context, unmeasured, unrepeated
 from .fresh import confirmed_of, run_fresh, say, start_fresh_cases

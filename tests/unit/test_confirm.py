@@ -11,8 +11,8 @@ import pytest
 
 from pytest_perfguard.judge import policy
 from pytest_perfguard.judge.baseline import BaselineEntry, BaselineFile, ProcessSample
-from pytest_perfguard.judge.verdict import Gate, Verdict
-from pytest_perfguard.record import CaseRecord, Confirmed, Outcome, Status
+from pytest_perfguard.judge.verdict import Verdict
+from pytest_perfguard.record import CaseRecord, Confirmed, Gate, Outcome, Status
 from pytest_perfguard.run import context
 from pytest_perfguard.run.confirm import Confirmation, settle
 from pytest_perfguard.run.context import Context, RanItem, RunOrder

@@ -19,6 +19,7 @@ from pytest_perfguard.measure.device import (
     incomparable,
     manual_seed,
 )
+from pytest_perfguard.record import Gate
 
 
 @dataclass
@@ -287,11 +288,11 @@ def test_decide_sets_the_mde_of_the_baseline_and_ratio_gates() -> None:
 
 
 def test_the_case_mde_is_its_best_gate_unless_the_variant_is_its_own_reference() -> None:
-    def gates(baseline: float | None, ratio: float | None) -> list[vd.Gate]:
+    def gates(baseline: float | None, ratio: float | None) -> list[Gate]:
         return [
-            vd.Gate("baseline", vd.PASS, mde=baseline),
-            vd.Gate("ratio", vd.PASS, mde=ratio),
-            vd.Gate("max_ratio", vd.PASS),
+            Gate("baseline", vd.PASS, mde=baseline),
+            Gate("ratio", vd.PASS, mde=ratio),
+            Gate("max_ratio", vd.PASS),
         ]
 
     assert vd.case_mde(gates(0.11, 0.068), variant_is_against=False) == 0.068

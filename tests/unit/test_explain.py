@@ -26,8 +26,7 @@ from pytest_perfguard.commands.explain import ncu as nc
 from pytest_perfguard.explanation import DURATION, Explanation, KernelDiff, MetricDiff
 from pytest_perfguard.jsonio import dumps
 from pytest_perfguard.record import CaseRecord, Gate, Outcome, Status
-from pytest_perfguard.report.results import ResultsError, read_results
-from pytest_perfguard.report.terminal import results_document, write_results
+from pytest_perfguard.report.results import ResultsError, read_results, results_document, write_results
 
 pytest_plugins = ["pytester"]
 

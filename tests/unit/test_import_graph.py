@@ -3,6 +3,7 @@
 Floors, top to bottom; a module imports only its own part or a part on a lower floor, and two parts on
 one floor know nothing of each other:
 
+    research             the names the studies in benchmarks/ use (research.py), from any floor below
     commands, plugin     the `perfguard` command; the pytest hooks (the pytest11 entry point)
     run                  one case through pytest: runner, session, confirmation, A/B base tree, xdist
     report, measure      presenting records; taking the numbers
@@ -27,6 +28,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_perfguard"
 ROOT = PACKAGE.name
 
 FLOORS: tuple[tuple[str, ...], ...] = (
+    ("research",),
     ("commands", "plugin"),
     ("run",),
     ("report", "measure"),
@@ -37,6 +39,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
 # The modules directly in the package: the part each belongs to (subpackages are parts by their name).
 TOP_LEVEL = {
     "plugin": "plugin",
+    "research": "research",
     "record": "record",
     "explanation": "record",
     "settings": "base",
