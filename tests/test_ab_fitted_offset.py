@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from test_ab import FAKECLOCK, MODES, _git
+from test_plugin import TESTED_MODES
 
 from pytest_perfguard.judge.storage import read_baseline
 
@@ -144,7 +145,7 @@ def test_an_update_stores_a_readings_and_later_ab_runs_count_their_fit(
     # xdist, every worker reads it. (The budget is short: an offset of 3% per process cannot be measured away,
     # so these cases measure to their budget.)
     args = ("--perfguard-against", "HEAD", "--perfguard-case-budget", "0.2", "--perfguard-json", "r.json")
-    for mode in MODES:
+    for mode in TESTED_MODES:
         result = run(repo, MODES[mode], *args, "-k", "a-8 or b-16")
         assert result.ret == 0 and result.parseoutcomes()["passed"] == 2, mode  # -n 2 deselects in the workers
         result.stdout.fnmatch_lines(

@@ -385,7 +385,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 1
     cases = sum(len(run.checked.results) for run in runs)
-    devices = sorted({str(run.checked.device.get("name")) for run in runs})
+    devices = sorted({run.checked.device_info.label for run in runs})
     print(f"{output}: {_plural(cases, 'case')} from {_plural(len(runs), 'run')} ({', '.join(devices)})")
     return 0
 

@@ -258,7 +258,7 @@ def _case_details(report: Report, case: Case, page: _Page) -> str:
 
 def _where(report: Report, device: str) -> str:
     """ " on NVIDIA L4" when the file holds several devices, so two grids of one test are told apart."""
-    return f" on {report.devices.get(device, {}).get('name', device)}" if len(report.devices) > 1 else ""
+    return f" on {report.device_label(device)}" if len(report.devices) > 1 else ""
 
 
 def _figures(page: _Page, heading: str, figures: Sequence[Figure | None]) -> list[str]:
@@ -275,7 +275,7 @@ def render_html(doc: Mapping[str, Any], *, script: str | None = None) -> str:
     plotly_tag = f'<script src="{escaped(script)}"></script>' if script else f"<script>{plotly_js}</script>"
     report = build(doc)
     page = _Page()
-    devices = " + ".join(str(d.get("name") or slug) for slug, d in report.devices.items()) or "unknown device"
+    devices = " + ".join(d.label for d in report.devices.values()) or "unknown device"
     env_rows = "".join(f"<tr><td>{escaped(k)}</td><td>{escaped(v)}</td></tr>" for k, v in environment(report))
     errors = "".join(f"<li>{escaped(e)}</li>" for e in report.errors)
     sections = [

@@ -244,7 +244,7 @@ def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, 
     """The summary as Markdown; past ``limit`` characters the full table is cut (a PR comment's limit).
     ``notes``: the session's messages (stale entries, files written), listed after the chart."""
     report = rd.build(doc)
-    devices = " + ".join(str(d.get("name") or slug) for slug, d in report.devices.items()) or "unknown device"
+    devices = " + ".join(d.label for d in report.devices.values()) or "unknown device"
     env = " · ".join(f"**{_plain(k)}** {_plain(v)}" for k, v in rd.environment(report) if k != "device")
     head = [f"### perfguard: {_plain(devices)}", "", f"**{_plain(rd.counts_line(report))}**", "", env, ""]
     if report.errors:
@@ -253,7 +253,7 @@ def markdown_summary(doc: Mapping[str, Any], limit: int | None = COMMENT_LIMIT, 
     head += _explained(report)
     charts: list[str] = []
     for device, test, cases in report.tests():
-        name = report.devices.get(device, {}).get("name", device)
+        name = report.device_label(device)
         where = f" on {name}" if len(report.devices) > 1 else ""
         charts += ratio_chart(cases, f"{test}{where}")
     rows = _table_rows(report)

@@ -27,6 +27,32 @@ class ResultsError(JSONFileError):
     """A results file that cannot be used; the message names the file, the record and the problem."""
 
 
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A results file's device, as the reports show it: its slug and name, and the versions it recorded
+    ("" where the file has none)."""
+
+    slug: str
+    name: str
+    torch: str = ""
+    triton: str = ""
+    cuda: str = ""
+    capability: str = ""
+    driver: str = ""
+
+    @classmethod
+    def of(cls, device: Mapping[str, Any]) -> DeviceInfo:
+        def text(key: str) -> str:
+            value = device.get(key)
+            return "" if value is None else str(value)
+
+        return cls(**{f: text(f) for f in ("slug", "name", "torch", "triton", "cuda", "capability", "driver")})
+
+    @property
+    def label(self) -> str:
+        return self.name or self.slug
+
+
 @dataclass
 class ResultsFile:
     """A results file in memory."""
@@ -40,6 +66,33 @@ class ResultsFile:
     def by_id(self) -> dict[str, CaseRecord]:
         """Records keyed by case id (ids are unique in a valid file)."""
         return {record.id: record for record in self.results}
+
+    @property
+    def device_info(self) -> DeviceInfo:
+        return DeviceInfo.of(self.device)
+
+    @property
+    def commit(self) -> str | None:
+        """The commit the run measured, as the file records it (its run information, or its device in older
+        files), marked when the tree had uncommitted changes; never asked of git now (a report may be made
+        long after the run, from another checkout)."""
+        for holder in (self.run, self.device):
+            sha, dirty = holder.get("git_sha"), holder.get("git_dirty")
+            if isinstance(sha, str) and sha:
+                # a tree with uncommitted changes is not the commit: the mark travels with the SHA
+                return f"{sha} + uncommitted changes ({dirty})" if isinstance(dirty, str) and dirty else sha
+        return None
+
+    @property
+    def margin(self) -> float | None:
+        """The margin the run was set to (a fraction), if the summary records one."""
+        margin = self.summary.get("margin")
+        return float(margin) if isinstance(margin, int | float) and not isinstance(margin, bool) else None
+
+    @property
+    def errors(self) -> list[str]:
+        """The session's errors the summary records."""
+        return [str(e) for e in self.summary.get("errors") or []]
 
 
 def results_document(

@@ -26,6 +26,7 @@ from .formats import (
     status_rank,
 )
 from .merge import runs_in
+from .results import DeviceInfo
 
 # With the default case budget of 5 s, four times as much measuring halves the interval's width.
 FIRMER_BUDGET_S = 20
@@ -44,11 +45,11 @@ class Case:
     status: str
 
     @classmethod
-    def of(cls, rec: CaseRecord, device: Mapping[str, Any]) -> Case:
+    def of(cls, rec: CaseRecord, device: DeviceInfo) -> Case:
         return cls(
             rec=rec,
-            device=str(device.get("slug", "")),
-            device_name=str(device.get("name", "")),
+            device=device.slug,
+            device_name=device.name,
             test=rec.test or rec.id.split("[")[0].split("::")[-1],
             shape=shape_label(rec),
             status=status_of(rec),
@@ -131,11 +132,16 @@ class Report:
     """A whole results document: its cases in display order and what is known of where they ran."""
 
     cases: list[Case]
-    devices: dict[str, dict[str, Any]]
+    devices: dict[str, DeviceInfo]  # by slug
     sources: list[str]
     git_shas: list[str]
     margins: list[float]
     errors: list[str] = field(default_factory=list)
+
+    def device_label(self, slug: str) -> str:
+        """The device's name as its file records it, else its slug."""
+        device = self.devices.get(slug)
+        return device.label if device is not None and device.label else slug
 
     def counts(self) -> list[tuple[str, int]]:
         """Cases per status, in display order (statuses this version does not know come last)."""
@@ -161,40 +167,30 @@ def _sort_key(case: Case) -> tuple[int, tuple[str | int, ...], str]:
     return status_rank(case.status), id_order(case.id), case.device
 
 
-def git_sha(info: Mapping[str, Any], device: Mapping[str, Any]) -> str | None:
-    """The commit a run measured, as its file records it (its run information, or its device in older
-    files); never asked of git now (a report may be made long after the run, from another checkout)."""
-    for holder in (info, device):
-        sha, dirty = holder.get("git_sha"), holder.get("git_dirty")
-        if isinstance(sha, str) and sha:
-            # a tree with uncommitted changes is not the commit: the mark travels with the SHA
-            return f"{sha} + uncommitted changes ({dirty})" if isinstance(dirty, str) and dirty else sha
-    return None
-
-
 def build(doc: Mapping[str, Any]) -> Report:
     """The report's view of a results or merged document, read by the results codec (merge.runs_in)."""
     runs = runs_in(doc)
     cases: list[Case] = []
-    devices: dict[str, dict[str, Any]] = {}
+    devices: dict[str, DeviceInfo] = {}
     sources: list[str] = []
     shas: list[str] = []
     margins: list[float] = []
     errors: list[str] = []
     for run in runs:
-        device, summary = run.checked.device, run.checked.summary
-        devices.setdefault(str(device.get("slug", "")), dict(device))
+        checked = run.checked
+        device = checked.device_info
+        devices.setdefault(device.slug, device)
         if run.source:
             sources.append(run.source)
-        sha = git_sha(run.checked.run, device)
+        sha = checked.commit
         if sha and sha not in shas:
             shas.append(sha)
-        margin = summary.get("margin")
-        if isinstance(margin, int | float) and not isinstance(margin, bool) and margin not in margins:
-            margins.append(float(margin))
+        margin = checked.margin
+        if margin is not None and margin not in margins:
+            margins.append(margin)
         prefix = f"{run.source}: " if len(runs) > 1 and run.source else ""
-        errors += [prefix + str(e) for e in summary.get("errors") or []]
-        cases += [Case.of(r, device) for r in run.checked.results]
+        errors += [prefix + e for e in checked.errors]
+        cases += [Case.of(r, device) for r in checked.results]
     cases.sort(key=_sort_key)
     return Report(cases=cases, devices=devices, sources=sources, git_shas=shas, margins=margins, errors=errors)
 
@@ -226,12 +222,13 @@ _VERSIONS = (
 )
 
 
-def _version_rows(device: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _version_rows(device: DeviceInfo) -> list[tuple[str, str]]:
     """torch, triton and CUDA always (saying when not recorded); capability and driver when known."""
+    values = {key: str(getattr(device, key)) for key, _label in _VERSIONS}
     return [
-        (label, str(device.get(key) or "not recorded"))
+        (label, values[key] or "not recorded")
         for key, label in _VERSIONS
-        if device.get(key) or key in ("torch", "triton", "cuda")
+        if values[key] or key in ("torch", "triton", "cuda")
     ]
 
 
@@ -263,13 +260,10 @@ def environment(report: Report) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     if len(report.devices) == 1:
         device = next(iter(report.devices.values()))
-        rows.append(("device", str(device.get("name") or device.get("slug") or "not recorded")))
+        rows.append(("device", device.label or "not recorded"))
         rows += _version_rows(device)
     else:
-        rows += [
-            (str(d.get("name") or slug), ", ".join(f"{k} {v}" for k, v in _version_rows(d)))
-            for slug, d in report.devices.items()
-        ]
+        rows += [(d.label, ", ".join(f"{k} {v}" for k, v in _version_rows(d))) for d in report.devices.values()]
     rows.append(("SDPA backend", ", ".join(report.against_backends()) or "not recorded"))
     rows.append(("git SHA", ", ".join(report.git_shas) or "not recorded in the results file"))
     if report.margins or margins_used(report):
