@@ -199,14 +199,15 @@ class SeenResult:
 
 
 def _watched(
-    copies: TimedCopies, rounds: int, order: random.Random, watch: Watch | None
+    copies: TimedCopies, rounds: int, order: random.Random, watch: Callable[[], Watch | None] | None
 ) -> tuple[list[float], list[str]]:
-    """_fresh_and_seen under the watch: the ratios and what disturbed their rounds."""
-    if watch is None:
+    """_fresh_and_seen under a watch made for them (`watch()`): the ratios and what disturbed their rounds."""
+    made = watch() if watch is not None else None
+    if made is None:
         return _fresh_and_seen(copies, rounds, order), []
-    watch.start()
+    made.start()
     ratios = _fresh_and_seen(copies, rounds, order)
-    return ratios, watch.stop()
+    return ratios, made.stop()
 
 
 def _fresh_and_seen(copies: TimedCopies, rounds: int, order: random.Random) -> list[float]:
@@ -241,7 +242,11 @@ def _device_ns(sample: Any) -> float:
 
 
 def seen_values(
-    copies: TimedCopies, *, host: bool, first: Sequence[float] = (), watch: Watch | None = None
+    copies: TimedCopies,
+    *,
+    host: bool,
+    first: Sequence[float] = (),
+    watch: Callable[[], Watch | None] | None = None,
 ) -> SeenResult:
     """The timed samples' speed on values they have already seen against new values (`every_copy` checks
     the answers; this checks the time). Flags a kernel that is faster on values it has seen by MEMO_FACTOR
@@ -256,10 +261,11 @@ def seen_values(
     past it: a memo that saves less than the factor (10% on a GPU): the stored gate's margin is of that order,
     so such a memo can hide a regression of that size, no more.
 
-    `watch` (a timers.Watch) watches the confirming rounds: a flag fails the case, so it must not rest on
-    rounds the machine disturbed. On a contended 2-core host an honest CPU case read 1.31x over 7 rounds
-    (2026-11-28, CI). Disturbed rounds that read past the factor are run once more; disturbed again, the
-    result is `disturbed` (the case is inconclusive), never a flag and never a pass."""
+    `watch` makes a timers.Watch (or None) for each set of confirming rounds, only when they run: a flag
+    fails the case, so it must not rest on rounds the machine disturbed. On a contended 2-core host an honest
+    CPU case read 1.31x over 7 rounds (2026-11-28, CI). Disturbed rounds that read past the factor are run
+    once more; disturbed again, the result is `disturbed` (the case is inconclusive), never a flag and never
+    a pass."""
     factor = MEMO_FACTOR_HOST if host else MEMO_FACTOR
     order = random.Random(copies.count)
     ratios = list(first) or _fresh_and_seen(copies, MEMO_ROUNDS, order)

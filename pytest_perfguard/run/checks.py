@@ -173,9 +173,12 @@ class IntegrityChecks:
             wrong = copies.every_copy(rotation, case.reference, overrides, pairs=pairs)
         if wrong:
             return wrong
+
         # Its confirming rounds are watched, any run-queue wait over the share counting: a memo flag fails the
         # case and must not rest on rounds another process slowed.
-        watch = machine_watch(self.settings, self.kind, trial, floor_ns=0.0)
+        def watch() -> Watch | None:  # made only where the confirming rounds run: most cases never need it
+            return machine_watch(self.settings, self.kind, trial, floor_ns=0.0)
+
         with self.lock(exclusive=True), self._check("seen values"):
             seen = copies.seen_values(rotation, host=self.kind != "cuda", first=pairs or (), watch=watch)
         self.notes.append(seen.note)

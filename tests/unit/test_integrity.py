@@ -342,7 +342,7 @@ def test_a_memo_read_on_disturbed_rounds_is_undecided_and_clean_rounds_decide() 
     and a memo is still flagged. What would get past: a memo that waits for a loaded moment is undecided,
     never passed."""
     watch = _Watch(True, True)
-    seen = timed_copies.seen_values(_copies(_version_memo()), host=True, watch=watch)
+    seen = timed_copies.seen_values(_copies(_version_memo()), host=True, watch=lambda: watch)
     assert watch.windows == 2 and seen.flag is None, seen
     assert seen.disturbed is not None and seen.disturbed.startswith(
         "the memo check's rounds were disturbed (CPU contended (test))"
@@ -350,7 +350,7 @@ def test_a_memo_read_on_disturbed_rounds_is_undecided_and_clean_rounds_decide() 
     assert seen.note.startswith("seen-values check undecided:"), seen
 
     watch = _Watch(True, False)
-    seen = timed_copies.seen_values(_copies(_version_memo()), host=True, watch=watch)
+    seen = timed_copies.seen_values(_copies(_version_memo()), host=True, watch=lambda: watch)
     assert watch.windows == 2 and seen.disturbed is None, seen
     assert seen.flag is not None and seen.flag.startswith("memo on seen inputs"), seen
 
@@ -366,7 +366,7 @@ def test_an_honest_kernel_on_a_loaded_host_is_not_held_by_the_watch() -> None:
         return _attn(q, k, v)
 
     watch = _Watch(True, True)
-    seen = timed_copies.seen_values(_copies(fixed_cost, clock=lambda: now[0]), host=True, watch=watch)
+    seen = timed_copies.seen_values(_copies(fixed_cost, clock=lambda: now[0]), host=True, watch=lambda: watch)
     assert seen.flag is None and seen.disturbed is None and watch.windows == 0, seen
 
 
