@@ -2,8 +2,10 @@
 plugin, several times in fresh processes. Prints per variant whether it was flagged (with the message) and
 what the integrity checks cost per case, and, apart from that, the checks' one-time warm-up per process.
 
-    PYTHONPATH=. python benchmarks/integrity_gpu.py --out DIR [--runs 2] [--case-budget 0.4]
-    PYTHONPATH=. python benchmarks/integrity_gpu.py --cpu --runs 1   # a smoke run of the same script on CPU
+    PYTHONPATH=$PWD python benchmarks/integrity_gpu.py --out DIR [--runs 2] [--case-budget 0.4]
+    PYTHONPATH=$PWD python benchmarks/integrity_gpu.py --cpu --runs 1   # a smoke run of the same script on CPU
+
+(An absolute PYTHONPATH where the package is not installed: the pytest runs start in DIR/cheats_project.)
 
 Raw output (each run's results JSON and pytest log) goes under DIR (default benchmarks/out/integrity_gpu).
 What it should show: every cheat fails (flagged or incorrect); no honest variant is flagged in any run,
@@ -294,24 +296,38 @@ def main() -> int:
             for r in doc.get("results", []):
                 seen[f"cheat:{r['variant']}"].append(r)
         host_base = out / f"baselines_run{run}_host"
-        _pytest(  # the cheat's host work runs on a GPU only: on CPU the timer sees it anyway
-            ["test_host_gpu.py", *common, "--perfguard-update-baseline", "--perfguard-baseline-dir", str(host_base)],
-            work,
-            out / f"run{run}_host_update.log",
-            300,
-            env={"HOST_COST": "0"},
-        )
-        result = out / f"run{run}_test_host_gpu.json"
-        _pytest(
-            ["test_host_gpu.py", *common, "--perfguard-json", str(result), "--perfguard-baseline-dir", str(host_base)],
-            work,
-            out / f"run{run}_host_guard.log",
-            300,
-            env={"HOST_COST": "1"},
-        )
-        docs[result.name] = doc = _document(result)
-        for r in doc.get("results", []):
-            seen[f"cheat:{r['variant']}"].append(r)
+        if not args.cpu:  # the cheat's host work runs on a GPU only: on CPU the timer sees it anyway
+            _pytest(
+                [
+                    "test_host_gpu.py",
+                    *common,
+                    "--perfguard-update-baseline",
+                    "--perfguard-baseline-dir",
+                    str(host_base),
+                ],
+                work,
+                out / f"run{run}_host_update.log",
+                300,
+                env={"HOST_COST": "0"},
+            )
+            result = out / f"run{run}_test_host_gpu.json"
+            _pytest(
+                [
+                    "test_host_gpu.py",
+                    *common,
+                    "--perfguard-json",
+                    str(result),
+                    "--perfguard-baseline-dir",
+                    str(host_base),
+                ],
+                work,
+                out / f"run{run}_host_guard.log",
+                300,
+                env={"HOST_COST": "1"},
+            )
+            docs[result.name] = doc = _document(result)
+            for r in doc.get("results", []):
+                seen[f"cheat:{r['variant']}"].append(r)
         if args.no_perf:
             continue
         result = out / f"run{run}_perf.json"
@@ -336,6 +352,12 @@ def main() -> int:
 
     print()
     problems, over = _table(seen)
+    # A run that judged nothing (pytest could not start, the plugin did not load) is no evidence of either
+    # kind: a cheat that never ran did not fail. Seen on a GPU host with PYTHONPATH=. and the runs' own cwd.
+    empty = sorted(name for name, doc in docs.items() if not doc.get("results"))
+    for name in empty:
+        print(f"  no case judged in {name} (see its log): counted as a problem")
+    problems += len(empty)
     _warmups(docs)
     everything = sorted(s for rs in seen.values() for r in rs if r.get("outcome") == "passed" and (s := _share(r)))
     if everything:
@@ -346,7 +368,8 @@ def main() -> int:
     for line in over:
         print(f"  over {MAX_SHARE:g}%: {line}")
     print(
-        f"\n{problems} problem(s): an honest variant flagged, or a cheat that passed; {len(over)} passing case(s) "
+        f"\n{problems} problem(s): an honest variant flagged, a cheat that passed, or a run that judged nothing; "
+        f"{len(over)} passing case(s) "
         f"whose checks cost more than {MAX_SHARE:g}%. {time.monotonic() - t0:.0f}s"
     )
     return 1 if problems or over else 0
