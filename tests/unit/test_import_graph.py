@@ -291,3 +291,64 @@ def test_a_long_function_is_found(tmp_path: Path) -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(61))
     (pkg / "m.py").write_text(f'def short():\n    """doc"""\n    return 1\n\n\ndef long():\n    """doc"""\n{body}\n')
     assert long_functions(pkg) == ["pkg/m.py:6 long: 62 lines"]
+
+
+# ------------------------------------------------------------------------------------- the studies' imports
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+STUDY_SEAMS = {ROOT, f"{ROOT}.research"}  # the user's top level, and the internals the studies use
+
+
+def package_reaches(folder: Path) -> list[str]:
+    """Every import of the package in the folder's Python files (benchmarks/out, the scripts' ignored output,
+    left out) that names a module other than the package's top level and research.py, with its line."""
+    out = folder / "out"
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        if "__pycache__" in path.parts or out in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            found += [
+                f"{path.relative_to(folder)}:{node.lineno} imports {name}"
+                for name in names
+                if name.split(".")[0] == ROOT and name not in STUDY_SEAMS
+            ]
+    return found
+
+
+def test_the_studies_reach_the_package_through_its_top_level_and_research_only() -> None:
+    """benchmarks/ holds no internal name in place: a module the package moves changes research.py, never
+    a script (`from pytest_perfguard.research import ...`)."""
+    assert package_reaches(BENCHMARKS) == []
+
+
+def test_a_study_reaching_past_research_is_found(tmp_path: Path) -> None:
+    """What would get past the test above: an import by module path, plain or from; research itself and the
+    top level pass, as does anything under out/."""
+    (tmp_path / "ok.py").write_text(
+        f"import {ROOT}\nfrom {ROOT} import perf_case\nfrom {ROOT}.research import decide\n", encoding="utf-8"
+    )
+    (tmp_path / "bad.py").write_text(
+        f"from {ROOT}.judge.verdict import decide\nimport {ROOT}.measure.timing as engine\n", encoding="utf-8"
+    )
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "copied.py").write_text(f"from {ROOT}.judge import policy\n", encoding="utf-8")
+    assert package_reaches(tmp_path) == [
+        f"bad.py:1 imports {ROOT}.judge.verdict",
+        f"bad.py:2 imports {ROOT}.measure.timing",
+    ]
+
+
+def test_every_name_research_lists_is_there() -> None:
+    """research.__all__ names what it imports: a name the package removed fails here, not in a GPU study."""
+    import importlib
+
+    research = importlib.import_module(f"{ROOT}.research")
+    assert [name for name in research.__all__ if not hasattr(research, name)] == []
