@@ -34,10 +34,7 @@ def git_or_none(cwd: Path, *args: str) -> str | None:
 
 def head_sha(cwd: Path) -> str | None:
     """The commit checked out in `cwd`, or None outside a git repository."""
-    try:
-        return git(cwd, "rev-parse", "HEAD") or None
-    except GitError:
-        return None
+    return git_or_none(cwd, "rev-parse", "HEAD") or None
 
 
 # Untracked files larger than this are digested by name and size only: the digest marks a tree as changed,

@@ -127,7 +127,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = state
     config.stash[MERGED] = Merged()
     state.on_timeout = lambda message, item: _flush_on_timeout(config, message, item)
-    if settings.update and settings.update_processes > 1 and not role_of(config).worker:
+    if settings.update and settings.update_processes > 1 and not role.worker:
         from .run.fresh import start_fresh_cases
 
         per_case = settings.case_timeout
