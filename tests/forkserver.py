@@ -5,7 +5,8 @@ pytester subprocesses) each imported torch (2-2.5 s of CPU on the 2-core CI mach
 (0.7 s): more than half of the suite's CPU. Here ``sys.executable`` names a launcher; each start through it
 (by the plugin, xdist or pytester, their code unchanged) becomes a fork of a server, given the launcher's
 arguments, folder, environment, umask, CPU affinity, nice value and standard streams; signals go to it and
-its exit status comes back. A fork has imported nothing of the plugin, kernels or tests. Forks of one server
+its exit status comes back. A fork has imported torch and pytest, nothing of the plugin, kernels or tests;
+what the server holds is frozen out of the garbage collector's view (gc.freeze). Forks of one server
 share its hash seed, so two servers with their own seeds take starts at random; they share where torch's
 libraries were loaded, so a GPU host never uses this. A start a fork cannot be (an interpreter option other
 than -u, a variable read at torch's import that differs) runs the real interpreter, as does every start
@@ -136,7 +137,15 @@ def _request(argv: list[str]) -> dict[str, object] | None:
 
 def serve(path: str) -> None:
     """A server: fork one child per connection; tell each launcher its child's exit status."""
-    import torch  # noqa: F401  (the point of the server)
+    # torch is the point of the server; pytest runs in nearly every start (pytester's runs, xdist workers,
+    # fresh confirmation and update processes), 0.2 s of CPU each.
+    import pytest  # noqa: F401
+    import torch  # noqa: F401
+
+    # What the server holds (torch's 165,000 objects) leaves the collector's view: a fork's collections and
+    # its exit's flush (_flush_all) go through the objects of its own run only, not torch's, each time.
+    gc.collect()
+    gc.freeze()
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
