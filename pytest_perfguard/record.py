@@ -425,6 +425,11 @@ class CaseRecord:
     def timed(self) -> bool:
         return self.median_ns is not None
 
+    @property
+    def against_backend(self) -> str | None:
+        """The SDPA backend the reference ran on, where the environment records one."""
+        return (self.env or {}).get("against_backend") or None
+
     def gate(self, name: str) -> Gate | None:
         return next((g for g in self.gates if g.name == name), None)
 

@@ -227,7 +227,7 @@ def _compare_rows(
     return rows, slower, only_a, only_b
 
 
-def firmer_answer(rows: list[list[str]], margin: float, a_sha: Any, a_dirty: Any = None) -> list[str]:
+def firmer_answer(rows: list[list[str]], margin: float, a_sha: str | None, a_dirty: str | None = None) -> list[str]:
     """What each verdict means, and what to run where the answer is not firm: two runs in two processes
     carry the between-run noise, so "unclear" needs more blocks and "slower" a paired run."""
     by: dict[str, list[str]] = {}
@@ -255,10 +255,10 @@ def firmer_answer(rows: list[list[str]], margin: float, a_sha: Any, a_dirty: Any
     if (regressed or faster) and a_dirty:
         out.append(
             f"  to confirm a change in one process, commit A's code and run against that commit: run A measured "
-            f"{a_sha[:12] if isinstance(a_sha, str) else 'a commit'} with uncommitted changes (digest {a_dirty}), "
+            f"{a_sha[:12] if a_sha else 'a commit'} with uncommitted changes (digest {a_dirty}), "
             "which no revision holds"
         )
-    elif (regressed or faster) and isinstance(a_sha, str) and a_sha:
+    elif (regressed or faster) and a_sha:
         out.append("  to confirm a change in one process, against A's revision (paired, no between-run noise):")
         out.extend(
             f"    pytest {shlex.quote(case)} --perfguard --perfguard-against {a_sha[:12]}"
@@ -307,7 +307,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if gates:
         counts = ", ".join(f"{n} {status}" for status, n in gates.most_common())
         print(f"B's own A/B gate (head against its base revision in one process, the firmer evidence): {counts}")
-    for line in firmer_answer(rows, threshold, a.run.get("git_sha"), a.run.get("git_dirty")):
+    for line in firmer_answer(rows, threshold, a.info.git_sha, a.info.git_dirty):
         print(line)
     return 1 if args.fail_on_regression and slower else 0
 

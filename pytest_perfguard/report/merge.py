@@ -122,21 +122,19 @@ def _check_unique(runs: Sequence[Run], *, one_device: bool = True) -> None:
 
 
 def _revision(run: Run, key: str) -> str | None:
-    """A revision the run records: in its run information, or (files of older versions) its device."""
-    for holder in (run.checked.run, run.checked.device):
-        value = holder.get(key)
-        if isinstance(value, str) and value:
-            dirty = holder.get("git_dirty") if key == "git_sha" else None
-            # uncommitted changes make another revision of the code: two digests do not merge as one commit
-            return f"{value}+{dirty}" if isinstance(dirty, str) and dirty else value
-    return None
+    """A revision the run records ("git_sha" or "base_sha"): in its run information (RunInfo)."""
+    info = run.checked.info
+    if key == "git_sha":
+        # uncommitted changes make another revision of the code: two digests do not merge as one commit
+        return f"{info.git_sha}+{info.git_dirty}" if info.git_sha and info.git_dirty else info.git_sha
+    return info.base_sha
 
 
 def _unrecorded(run: Run, key: str) -> str:
     """Why a run has no revision of this kind, in the words of the refusal."""
     if key == "git_sha":
         return "records no commit (it ran outside a git checkout, or with an older pytest-perfguard)"
-    against = run.checked.run.get("against")
+    against = run.checked.info.against
     if against:
         return f"has no base revision (its --perfguard-against {against} did not resolve)"
     return "was not run against a base revision (no --perfguard-against)"

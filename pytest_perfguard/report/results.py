@@ -53,6 +53,39 @@ class DeviceInfo:
         return self.name or self.slug
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a results file's run measured and compared with: the commit (marked when the tree had uncommitted
+    changes), and under --perfguard-against the base as given and as resolved. Files of older versions kept
+    the commit in their device."""
+
+    git_sha: str | None = None
+    git_dirty: str | None = None  # the digest of the uncommitted changes the run measured
+    against: str | None = None
+    base_sha: str | None = None
+
+    @classmethod
+    def of(cls, run: Mapping[str, Any], device: Mapping[str, Any]) -> RunInfo:
+        def text(holder: Mapping[str, Any], key: str) -> str | None:
+            value = holder.get(key)
+            return value if isinstance(value, str) and value else None
+
+        holder = run if text(run, "git_sha") or not text(device, "git_sha") else device
+        return cls(
+            git_sha=text(holder, "git_sha"),
+            git_dirty=text(holder, "git_dirty"),
+            against=text(run, "against"),
+            base_sha=text(run, "base_sha"),
+        )
+
+    @property
+    def commit(self) -> str | None:
+        """The commit, marked when the tree had uncommitted changes: such a tree is not the commit."""
+        if self.git_sha is None:
+            return None
+        return f"{self.git_sha} + uncommitted changes ({self.git_dirty})" if self.git_dirty else self.git_sha
+
+
 @dataclass
 class ResultsFile:
     """A results file in memory."""
@@ -72,16 +105,14 @@ class ResultsFile:
         return DeviceInfo.of(self.device)
 
     @property
+    def info(self) -> RunInfo:
+        """What the run measured and compared with, as the file records it; never asked of git now (a report
+        may be made long after the run, from another checkout)."""
+        return RunInfo.of(self.run, self.device)
+
+    @property
     def commit(self) -> str | None:
-        """The commit the run measured, as the file records it (its run information, or its device in older
-        files), marked when the tree had uncommitted changes; never asked of git now (a report may be made
-        long after the run, from another checkout)."""
-        for holder in (self.run, self.device):
-            sha, dirty = holder.get("git_sha"), holder.get("git_dirty")
-            if isinstance(sha, str) and sha:
-                # a tree with uncommitted changes is not the commit: the mark travels with the SHA
-                return f"{sha} + uncommitted changes ({dirty})" if isinstance(dirty, str) and dirty else sha
-        return None
+        return self.info.commit
 
     @property
     def margin(self) -> float | None:
@@ -208,6 +239,9 @@ def parse_results(path: Path, obj: Any) -> ResultsFile:
     for name, value in (("run", run), ("summary", summary)):
         if not isinstance(value, dict):
             bad(f"{name!r} must be a JSON object, got {type(value).__name__}")
+    for key in RunInfo.__dataclass_fields__:
+        if run.get(key) is not None and not isinstance(run[key], str):
+            bad(f"run field {key!r} must be a string or null, got {type(run[key]).__name__}")
     return ResultsFile(path=path, device=device, results=records, run=run, summary=summary)
 
 

@@ -160,7 +160,7 @@ class Report:
         return [(device, test, cases) for (device, test), cases in groups.items()]
 
     def against_backends(self) -> list[str]:
-        return sorted({case.env["against_backend"] for case in self.cases if case.env.get("against_backend")})
+        return sorted({backend for case in self.cases if (backend := case.rec.against_backend)})
 
 
 def _sort_key(case: Case) -> tuple[int, tuple[str | int, ...], str]:

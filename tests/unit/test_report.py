@@ -20,6 +20,7 @@ import pytest
 from pytest_perfguard.commands.cli import main
 from pytest_perfguard.report.markdown import markdown_summary
 from pytest_perfguard.report.merge import MERGED_KIND, merge_files, read_runs
+from pytest_perfguard.report.results import ResultsError, RunInfo, read_results
 from pytest_perfguard.report.view import build
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200_planted_results.json.xz"
@@ -70,6 +71,23 @@ def test_git_sha_is_read_from_the_file_never_from_git(doc: dict[str, Any]) -> No
     del doc["run"]
     doc["device"]["git_sha"] = "fedcba"
     assert build(doc).git_shas == ["fedcba"]
+
+
+def test_the_run_information_is_typed_strict_and_read_from_older_files_device(
+    doc: dict[str, Any], tmp_path: Path
+) -> None:
+    """What a run measured and compared with reaches every reader as RunInfo fields: a value of the wrong
+    type is an error naming the field, not a revision that reads "None" somewhere downstream."""
+    doc["run"] = {"git_sha": "0123456789ab", "git_dirty": "d1", "against": "origin/main", "base_sha": "fedcba"}
+    info = read_results(write(tmp_path / "r.json", doc)).info
+    assert info == RunInfo(git_sha="0123456789ab", git_dirty="d1", against="origin/main", base_sha="fedcba")
+    assert info.commit == "0123456789ab + uncommitted changes (d1)"
+    doc["run"] = {}
+    doc["device"]["git_sha"] = "olderfile"  # files of older versions kept the commit in their device
+    assert read_results(write(tmp_path / "r.json", doc)).info == RunInfo(git_sha="olderfile")
+    doc["run"] = {"base_sha": 12}
+    with pytest.raises(ResultsError, match="run field 'base_sha' must be a string or null, got int"):
+        read_results(write(tmp_path / "r.json", doc))
 
 
 # ---------------------------------------------------------------------------------------------- markdown

@@ -63,7 +63,7 @@ def default_against(top: Path, results: ResultsFile | None = None) -> str:
     """The base the results file's run compared with (an A/B run); else $PERFGUARD_AGAINST, as the A/B
     gate would use it; else HEAD when the tree has uncommitted changes."""
     if results is not None:
-        recorded = results.run.get("base_sha") or next(
+        recorded = results.info.base_sha or next(
             (r.ab.sha for r in results.results if r.ab is not None and r.ab.sha is not None), None
         )
         if isinstance(recorded, str) and recorded:
@@ -272,7 +272,7 @@ def explain(args: argparse.Namespace, cwd: Path) -> int:
 
 def _note_head(results: ResultsFile, cwd: Path) -> None:
     """Say so when the working tree is not the commit the results file measured: head is profiled as it is."""
-    measured = results.run.get("git_sha")
+    measured = results.info.git_sha
     now = git(cwd, "rev-parse", "HEAD", check=False)
     if isinstance(measured, str) and measured and now and now != measured:
         print(

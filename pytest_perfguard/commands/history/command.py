@@ -42,8 +42,8 @@ def _percent(value: float | None) -> str:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    run = read_results(Path(args.results)).run
-    recorded, dirty = run.get("git_sha"), run.get("git_dirty")
+    info = read_results(Path(args.results)).info
+    recorded, dirty = info.git_sha, info.git_dirty
     if dirty and not args.allow_dirty:
         _err(
             f"{args.results} measured {str(recorded)[:12]} with uncommitted changes (digest {dirty}): filed under "
