@@ -3,7 +3,8 @@ declared kernel that is not the one run, constant inputs) and after (the timed o
 ones, the events saw the work, the speed is physically possible, a constant input is no shortcut).
 
 Each check's wall time is counted apart from the case's time (`CaseRecord.checks`). The checks live in
-measure/integrity.py; this module runs them in the case's order, under the device lock they need.
+measure/integrity.py; this module runs them in the case's order, under the device lock they need, and keeps
+what they found (flags returned; notes, seconds and percentages of peak held) for the runner to record.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class IntegrityChecks:
         self.bindings = bindings
         self.spent: dict[str, float] = {}  # seconds per check, outside the timed window
         self.notes: list[str] = []  # what the checks saw that passed, for the record's notes
+        self.timed_notes: list[str] = []  # what the checks on the timed figures said (physics, constant input)
+        self.pct_peak: tuple[float | None, float | None] = (None, None)  # % of peak compute, bandwidth
         # What disturbed a check that could not decide (the memo check's rounds): the case is inconclusive.
         self.disturbances: list[str] = []
 
@@ -89,11 +92,9 @@ class IntegrityChecks:
             return None
         return integrity.ProfiledCall(torch.device(self.settings.device) if self.kind == "cuda" else None)
 
-    def record_spent(self, record: CaseRecord) -> None:
-        record.notes = [*record.notes, *self.notes]
-        self.notes = []
-        record.checks = {name: round(s, 4) for name, s in sorted(self.spent.items())}
-        record.checks_s = round(sum(self.spent.values()), 4)
+    def seconds(self) -> dict[str, float]:
+        """Seconds per check, rounded as the record keeps them."""
+        return {name: round(s, 4) for name, s in sorted(self.spent.items())}
 
     def _patched(self) -> str | None:
         with self._check("patched timer"):
@@ -121,9 +122,9 @@ class IntegrityChecks:
             trial.constants = integrity.constant_inputs(trial.first)
         return None
 
-    def after_timing(self, trial: Trial, record: CaseRecord, m: Measurement, timer: Timer) -> str | None:
+    def after_timing(self, trial: Trial, figures: CaseRecord, m: Measurement, timer: Timer) -> str | None:
         """What was timed is what was checked; the events saw the work; the speed is physically possible;
-        a constant input is not a shortcut."""
+        a constant input is not a shortcut. `figures`: the record with the timing's figures, read only."""
         patched = self._patched()
         if patched:
             return patched
@@ -140,10 +141,10 @@ class IntegrityChecks:
             if hidden:
                 return hidden
         with self._check("physics"):
-            impossible = self._physics(record, trial, m)
+            impossible = self._physics(figures, trial, m)
         if impossible or not trial.constants:
             return impossible
-        return self._degenerate(trial, record, m, timer)
+        return self._degenerate(trial, m, timer)
 
     def _timed_outputs(self, trial: Trial, m: Measurement) -> str | None:
         """What was timed is what was checked: the last timed output on copy 0, then every timed copy on new
@@ -186,7 +187,7 @@ class IntegrityChecks:
             self.disturbances.append(seen.disturbed)
         return seen.flag
 
-    def _degenerate(self, trial: Trial, record: CaseRecord, m: Measurement, timer: Timer) -> str | None:
+    def _degenerate(self, trial: Trial, m: Measurement, timer: Timer) -> str | None:
         """A constant input timed against a varied one: a kernel that skips work on it is flagged."""
         s, case = self.settings, trial.case
         seed = draw_seeds(1, s.seed + 104_729 if s.seed is not None else None)[0]
@@ -206,27 +207,28 @@ class IntegrityChecks:
                 seed=seed,
             )
         if seen.note:
-            record.notes.append(seen.note)
+            self.timed_notes.append(seen.note)
         return seen.flag
 
-    def _physics(self, record: CaseRecord, trial: Trial, m: Measurement) -> str | None:
+    def _physics(self, figures: CaseRecord, trial: Trial, m: Measurement) -> str | None:
         """% of peak for the record, and the flag when a throughput exceeds the device's peak."""
         if self.kind != "cuda":
-            record.notes.append("physics check: not on CPU (no peak table for a host)")
+            self.timed_notes.append("physics check: not on CPU (no peak table for a host)")
             return None
         device = torch.device(self.settings.device)
         name, peak = peaks.device_peak(device.index if device.index is not None else torch.cuda.current_device())
         if peak is None:
-            record.notes.append(f"physics check skipped: no peak known for {name}")
+            self.timed_notes.append(f"physics check skipped: no peak known for {name}")
             return None
-        dtype = record.correctness.dtype if record.correctness is not None else ""
-        record.pct_peak_compute, record.pct_peak_bandwidth = (
+        dtype = figures.correctness.dtype if figures.correctness is not None else ""
+        compute, bandwidth = (
             finite(None if x is None else round(x, 2))
-            for x in peaks.percent_of_peak(peak, tflops=record.tflops, gbps=record.gbps, dtype=dtype)
+            for x in peaks.percent_of_peak(peak, tflops=figures.tflops, gbps=figures.gbps, dtype=dtype)
         )
+        self.pct_peak = (compute, bandwidth)
         # Derived bytes count the output, which may still sit in L2 when the events stop: the bound uses the
         # inputs alone, read cold (the L2 is flushed before every sample). Given bytes are taken as given.
         given = trial.case.bytes is not None
-        bound_bytes = record.bytes if given else float(input_bytes(trial.first))
+        bound_bytes = figures.bytes if given else float(input_bytes(trial.first))
         bound_gbps = bound_bytes / m.time.estimate if bound_bytes and m.time.estimate > 0 else None
-        return peaks.impossible_speed(peak, tflops=record.tflops, gbps=bound_gbps)
+        return peaks.impossible_speed(peak, tflops=figures.tflops, gbps=bound_gbps)

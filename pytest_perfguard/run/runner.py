@@ -1,8 +1,10 @@
 """Runs one perf item: requirements -> correctness -> measure -> judge -> record.
 
-Each step fills in the item's `CaseRecord`; `Runner.run` appends it in one place and turns it into pass,
-fail or skip in one place (`_conclude`). The runner reads the stored baseline but never writes it:
-workers only produce records, and the controller (session.py) merges, writes and reports once.
+The steps take the case's values and return their own (the correctness report, the twin, `timed.Timed`,
+the checks' flags and findings, the verdict, the confirmation); the runner alone writes them into the
+item's `CaseRecord`, appends it in one place and turns it into pass, fail or skip in one place
+(`_conclude`). The runner reads the stored baseline but never writes it: workers only produce records,
+and the controller (session.py) merges, writes and reports once.
 """
 
 from __future__ import annotations
@@ -17,26 +19,40 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from datetime import date
 from typing import Any
 
 import pytest
 import torch
 
 from ..judge.baseline import BaselineEntry
+from ..judge.stats import relative_half_width
 from ..judge.verdict import Verdict, case_mde
 from ..locks import device_lock
 from ..marker import PerfCase, Variant, unmet_requirement
 from ..measure import integrity, torchstate
 from ..measure.correctness import CorrectnessReport, Inputs, check
 from ..measure.device import incomparable, lock_name, manual_seed
-from ..measure.timing import Progress
-from ..record import CaseRecord, Outcome, Status
-from .checks import IntegrityChecks
+from ..measure.hosttime import HostTime
+from ..measure.timing import Measurement, Progress
+from ..record import AbComparison, CaseRecord, Outcome, Status
+from .checks import IntegrityChecks, capture_error
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .state import SessionState
 from .timed import TimedStep, engine_bindings, note_unchecked_faster, timer_for
 from .watchdog import Deadline, deadline
-from .workload import Trial, describe_workload, display_params, draw_seeds, normalize_inputs, workload_hash
+from .workload import (
+    Trial,
+    count,
+    describe_workload,
+    display_params,
+    draw_seeds,
+    finite,
+    input_bytes,
+    normalize_inputs,
+    tensor_bytes,
+    workload_hash,
+)
 
 _STICKY = (
     "illegal memory access",
@@ -252,37 +268,95 @@ class Runner:
         twin = None
         if s.against:
             self._stage = "pairing with the base revision"
-            twin = step.pair(trial, record, self._base_unmet)
+            twin = step.pair(trial, record.test, record.workload_desc, self._base_unmet)
         self._stage = "integrity checks"
         flag = guard.message() or checks.before_timing(trial, report, probe)
         if flag:
-            checks.record_spent(record)
+            self._keep_checks(record, checks)
             self._flag(record, flag, [])
             return
         self._stage = "timing"
         timer = timer_for(s.device, trial.case.clock)
         t0 = time.monotonic()
         with guard.phase("the timed calls"):
-            m, verdict = step.measure_and_judge(trial, record, twin, timer)
+            timed = step.measure_and_judge(trial, record.workload or "", twin, timer)
+        m, verdict = timed.m, timed.verdict
+        record.notes.extend(timed.notes)
+        record.env = timed.env
         self.timing_s = time.monotonic() - t0
         self.state.timing_spent_s += self.timing_s
         if step.host_s:
             checks.spent["eager call"] = step.host_s
-        step.record_timing(record, trial, m)
+        self._record_timing(record, trial, m, step.host)
         self._stage = "integrity checks"
         with guard.phase("the integrity checks' calls"):
             flag = guard.message() or checks.after_timing(trial, record, m, timer)
+        record.notes.extend(checks.timed_notes)
+        record.pct_peak_compute, record.pct_peak_bandwidth = checks.pct_peak
         flag = flag or guard.message() or verdict.flag
         if checks.disturbances and not flag:
             # A check the machine kept from deciding (the memo check's rounds): the case decides nothing.
             verdict.disturbances.extend(checks.disturbances)
             verdict.notes.append("a check could not decide on a disturbed machine: inconclusive, never stored")
         record.reference_move = verdict.reference_move
-        checks.record_spent(record)
+        self._keep_checks(record, checks)
         if flag:
             self._flag(record, flag, verdict.notes)
             return
         self._confirm_and_conclude(record, trial, verdict, step.stored())
+
+    def _record_timing(self, record: CaseRecord, trial: Trial, m: Measurement, host: HostTime | None) -> None:
+        """The measurement's figures in the record: time, ratio, throughput, blocks, the A/B pairing."""
+        case = trial.case
+        flops = trial.flops
+        record.median_ns = m.time.estimate
+        record.ci_ns = (m.time.lo, m.time.hi)
+        record.ci_rel = finite(relative_half_width(m.log_time))
+        if m.ratio is not None:
+            record.ratio, record.ratio_ci = m.ratio.estimate, (m.ratio.lo, m.ratio.hi)
+        record.against = case.against_name if case.against is not None else None
+        record.blocks, record.reps, record.samples_per_block = m.blocks, m.reps, m.samples_per_block
+        record.mode, record.stop_reason = m.mode, m.stop_reason
+        record.capture_error = capture_error(m)
+        if record.capture_error and m.mode == "cuda-stream":
+            record.notes.append(
+                "timed without a CUDA graph: the variant's calls could not be captured "
+                f"({record.capture_error[:200]}), so its timed calls were launched from Python, host code and "
+                "all; a stored figure taken by graph replay is not comparable"
+            )
+        if host is not None:
+            record.host_ns, record.host_ci = host.time.estimate, (host.time.lo, host.time.hi)
+            if (r := host.ratio) is not None:
+                record.host_ratio, record.host_ratio_ci = r.estimate, (r.lo, r.hi)
+        record.elapsed_s, record.wall_ratio = round(m.elapsed_s, 4), round(m.wall_ratio, 3)
+        record.flops = flops
+        record.tflops = (flops / (m.time.estimate * 1e-9) / 1e12) if flops else None
+        nbytes = count("bytes", case.bytes, trial.params)
+        if nbytes is None:  # what the call must read and write at least: its inputs and its output
+            nbytes = float(input_bytes(trial.first) + tensor_bytes(m.outputs.get(0)))
+        record.bytes = nbytes
+        record.gbps = nbytes / m.time.estimate if nbytes and m.time.estimate > 0 else None
+        record.variant_blocks = [round(x, 3) for x in m.variant_blocks]
+        record.against_blocks = [round(x, 3) for x in m.against_blocks] if m.against_blocks else None
+        if m.base_blocks is not None:
+            record.base_blocks = [round(x, 3) for x in m.base_blocks]
+            base = self.state.base
+            record.ab = AbComparison(
+                against=base.rev if base is not None else None,
+                sha=base.sha if base is not None else None,
+                group_ratios=[round(x, 6) for x in m.ab_ratios()],
+                groups=m.groups,
+            )
+        record.updated = date.today().isoformat()
+        record.outcome = Outcome.PASSED
+
+    @staticmethod
+    def _keep_checks(record: CaseRecord, checks: IntegrityChecks) -> None:
+        """What the integrity checks saw that passed, and the seconds each took, in the record."""
+        record.notes = [*record.notes, *checks.notes]
+        checks.notes = []
+        record.checks = checks.seconds()
+        record.checks_s = round(sum(checks.spent.values()), 4)
 
     def _torch_guard(self, record: CaseRecord) -> torchstate.Guard:
         """The guard of torch's process-wide switches for this case: what changed since the session started,

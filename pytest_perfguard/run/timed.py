@@ -1,14 +1,14 @@
 """The timed step of one case: its twin at the base revision paired and checked, the measurement (once more
-when it regressed, was inconclusive or was disturbed), the gates judged, and the figures written into the
-record. What the measurement means is judge/'s; how it is taken is measure/timing.py's.
+when it regressed, was inconclusive or was disturbed) and the gates judged. It takes the case's values and
+returns its own (`Timed`); the runner writes them into the record. What the measurement means is judge/'s;
+how it is taken is measure/timing.py's.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from datetime import date
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -16,7 +16,6 @@ import torch
 
 from ..judge import baseline as bl
 from ..judge.policy import case_offset, could_hide, judged_margin
-from ..judge.stats import relative_half_width
 from ..judge.verdict import (
     STRADDLES,
     UNCHECKED_FASTER,
@@ -41,11 +40,11 @@ from ..measure.timing import (
     measure,
     pooled,
 )
-from ..record import AbComparison, CaseRecord, Outcome, Status
+from ..record import Status
 from .ab import Twin, base_arguments
-from .checks import DeviceLock, capture_error, machine_watch
+from .checks import DeviceLock, machine_watch
 from .state import SessionState, device_id
-from .workload import Trial, count, describe_workload, finite, input_bytes, normalize_inputs, tensor_bytes
+from .workload import Trial, describe_workload, input_bytes, normalize_inputs
 
 # An undecided case is measured up to this many more times (blocks pooled), within this many seconds of such
 # measurements per process (_decide_more); a disturbed GPU is waited for up to QUIET_WAIT_S before its case is
@@ -80,8 +79,19 @@ def timer_for(device: str, clock: Clock | None) -> Timer:
     return make_timer(device, clock)
 
 
+@dataclass
+class Timed:
+    """What the timed step returns: the measurement it judged, the verdict, the environment the case ran in
+    (part of what a stored entry is compared by) and what the record's notes should say of the timing."""
+
+    m: Measurement
+    verdict: Verdict
+    env: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+
 class TimedStep:
-    """Measures and judges one case for its runner; fills in the record's figures."""
+    """Measures and judges one case for its runner, which keeps what it returns in the record."""
 
     def __init__(
         self,
@@ -99,7 +109,7 @@ class TimedStep:
 
     # ------------------------------------------------------------------------- the base revision's twin
 
-    def pair(self, trial: Trial, record: CaseRecord, base_unmet: str | None = None) -> Twin:
+    def pair(self, trial: Trial, test: str, workload_desc: str | None, base_unmet: str | None = None) -> Twin:
         """The case at the base revision, checked: its requirements met (`base_unmet`, evaluated beside the
         head's by the runner), same workload, correct on the same inputs."""
         base = self.state.base
@@ -115,13 +125,13 @@ class TimedStep:
             return Twin(Status.NOT_COMPARABLE, args)
         try:
             manual_seed(trial.seeds[0])
-            desc = describe_workload(normalize_inputs(twin.factory(**args), record.test))
+            desc = describe_workload(normalize_inputs(twin.factory(**args), test))
         except Exception as exc:
             return Twin(Status.NO_BASE, f"no base: the base test's inputs raised {type(exc).__name__}: {exc}")
-        if desc != record.workload_desc:
+        if desc != workload_desc:
             return Twin(
                 Status.NOT_COMPARABLE,
-                f"not comparable: the workload differs at {base.rev} (head: {record.workload_desc}; base: {desc})",
+                f"not comparable: the workload differs at {base.rev} (head: {workload_desc}; base: {desc})",
             )
         case, variant = trial.case, twin.variant
         try:
@@ -162,9 +172,7 @@ class TimedStep:
             spread_copies=self.state.role.update_process,
         )
 
-    def measure_and_judge(
-        self, trial: Trial, record: CaseRecord, twin: Twin | None, timer: Timer
-    ) -> tuple[Measurement, Verdict]:
+    def measure_and_judge(self, trial: Trial, workload: str, twin: Twin | None, timer: Timer) -> Timed:
         """Measure, judge; a regressed or inconclusive case is measured once more in a fresh order and
         judged on all blocks together. A disturbed measurement is measured once more, in an update too:
         when the second is clean it is judged alone, else the case stays disturbed (inconclusive, never
@@ -190,46 +198,46 @@ class TimedStep:
                 )
 
         m = take()
-        if isinstance(watch, CpuWatch) and watch.unwatched:
-            record.notes.append(watch.unwatched)
-        record.env = self._env(trial, m.mode)
+        notes = [watch.unwatched] if isinstance(watch, CpuWatch) and watch.unwatched else []
+        env = self._env(trial, m.mode)
         self.host = self._host_time(trial, m, against)
-        verdict = self._judge(trial, record, m, twin)
+        verdict = self._judge(trial, workload, env, m, twin)
         disturbed = list(m.notes)
         if disturbed or (verdict.needs_remeasure and not self.state.settings.update):
-            if disturbed:
-                self._wait_quiet(watch, record)
+            if disturbed and (waited := self._wait_quiet(watch)) is not None:
+                notes.append(waited)
             m2 = take(copies=m.reps)
             if disturbed and not m2.notes:
                 # The disturbance passed: the clean blocks alone are judged (and stored by an update).
                 m, note = m2, "re-measured once: the first measurement was disturbed (" + "; ".join(disturbed) + ")"
             else:
                 m, note = pooled(m, m2, cfg.confidence), "re-measured once in a fresh order (blocks pooled)"
-            verdict = self._judge(trial, record, m, twin)
+            verdict = self._judge(trial, workload, env, m, twin)
             verdict.notes.append(note)
-        m, verdict = self._decide_more(trial, record, twin, m, verdict, take, cfg.confidence, against)
+        m, verdict = self._decide_more(trial, (workload, env), twin, m, verdict, take, cfg.confidence, against)
         if verdict.disturbances:
             off = " (where the load is by design, --perfguard-no-cpu-watch)" if isinstance(watch, CpuWatch) else ""
             verdict.notes.append(
                 f"disturbed {'in both measurements' if disturbed else 'in the re-measurement'}: inconclusive, "
                 f"never a failure, and never stored as a baseline; time it on a quiet machine{off}"
             )
-        return m, verdict
+        return Timed(m, verdict, env, notes)
 
-    def _wait_quiet(self, watch: Watch | None, record: CaseRecord) -> None:
+    def _wait_quiet(self, watch: Watch | None) -> str | None:
         """Before a disturbed case is measured again: wait (up to QUIET_WAIT_S) for the GPU's other work to
         end, and say in the case's notes what was waited for and how long."""
         if not isinstance(watch, Disturbances):
-            return
+            return None
         quiet, waited, seen = watch.wait_quiet(QUIET_WAIT_S)
-        if seen or waited >= 1.5:
-            state = "it ended" if quiet else "it had not ended"
-            record.notes.append(f"waited {waited:.1f} s for the disturbance to end ({seen or 'none seen'}): {state}")
+        if not (seen or waited >= 1.5):
+            return None
+        state = "it ended" if quiet else "it had not ended"
+        return f"waited {waited:.1f} s for the disturbance to end ({seen or 'none seen'}): {state}"
 
     def _decide_more(
         self,
         trial: Trial,
-        record: CaseRecord,
+        ran: tuple[str, dict[str, str]],
         twin: Twin | None,
         m: Measurement,
         verdict: Verdict,
@@ -264,7 +272,7 @@ class TimedStep:
                         else self.host.against_blocks + more.against_blocks,
                         self.host.calls_per_block,
                     )
-            verdict = self._judge(trial, record, m, twin)
+            verdict = self._judge(trial, *ran, m, twin)
             extra += 1
             verdict.notes.append(f"undecided: measured {extra} more time(s) to decide it (blocks pooled)")
             self.state.deciding_spent_s += time.monotonic() - t0
@@ -307,15 +315,16 @@ class TimedStep:
         baseline = self.state.baseline
         return baseline.cases.get(self.item.nodeid) if baseline is not None else None
 
-    def _judge(self, trial: Trial, record: CaseRecord, m: Measurement, twin: Twin | None) -> Verdict:
+    def _judge(self, trial: Trial, workload: str, env: dict[str, str], m: Measurement, twin: Twin | None) -> Verdict:
+        """The gates on this measurement; `workload` and `env` say what ran and where (a stored entry of
+        another workload or environment is not judged against)."""
         s = self.state.settings
         stored = self.stored()
-        env = record.env or {}
         verdict = decide(
             m.variant_blocks,
             m.against_blocks,
             None if s.update else stored,
-            workload=record.workload or "",
+            workload=workload,
             policy=self.state.policy(),
             max_ratio=trial.max_ratio,
             incomparable=incomparable(stored.env, env) if stored is not None else [],
@@ -373,51 +382,3 @@ class TimedStep:
             except Exception as exc:
                 env["against_backend"] = f"unknown ({type(exc).__name__})"
         return env
-
-    # ------------------------------------------------------------------------------------- the figures
-
-    def record_timing(self, record: CaseRecord, trial: Trial, m: Measurement) -> None:
-        """The measurement's figures in the record: time, ratio, throughput, blocks, the A/B pairing."""
-        case = trial.case
-        flops = trial.flops
-        record.median_ns = m.time.estimate
-        record.ci_ns = (m.time.lo, m.time.hi)
-        record.ci_rel = finite(relative_half_width(m.log_time))
-        if m.ratio is not None:
-            record.ratio, record.ratio_ci = m.ratio.estimate, (m.ratio.lo, m.ratio.hi)
-        record.against = case.against_name if case.against is not None else None
-        record.blocks, record.reps, record.samples_per_block = m.blocks, m.reps, m.samples_per_block
-        record.mode, record.stop_reason = m.mode, m.stop_reason
-        record.capture_error = capture_error(m)
-        if record.capture_error and m.mode == "cuda-stream":
-            record.notes.append(
-                "timed without a CUDA graph: the variant's calls could not be captured "
-                f"({record.capture_error[:200]}), so its timed calls were launched from Python, host code and "
-                "all; a stored figure taken by graph replay is not comparable"
-            )
-        host = self.host
-        if host is not None:
-            record.host_ns, record.host_ci = host.time.estimate, (host.time.lo, host.time.hi)
-            if (r := host.ratio) is not None:
-                record.host_ratio, record.host_ratio_ci = r.estimate, (r.lo, r.hi)
-        record.elapsed_s, record.wall_ratio = round(m.elapsed_s, 4), round(m.wall_ratio, 3)
-        record.flops = flops
-        record.tflops = (flops / (m.time.estimate * 1e-9) / 1e12) if flops else None
-        nbytes = count("bytes", case.bytes, trial.params)
-        if nbytes is None:  # what the call must read and write at least: its inputs and its output
-            nbytes = float(input_bytes(trial.first) + tensor_bytes(m.outputs.get(0)))
-        record.bytes = nbytes
-        record.gbps = nbytes / m.time.estimate if nbytes and m.time.estimate > 0 else None
-        record.variant_blocks = [round(x, 3) for x in m.variant_blocks]
-        record.against_blocks = [round(x, 3) for x in m.against_blocks] if m.against_blocks else None
-        if m.base_blocks is not None:
-            record.base_blocks = [round(x, 3) for x in m.base_blocks]
-            base = self.state.base
-            record.ab = AbComparison(
-                against=base.rev if base is not None else None,
-                sha=base.sha if base is not None else None,
-                group_ratios=[round(x, 6) for x in m.ab_ratios()],
-                groups=m.groups,
-            )
-        record.updated = date.today().isoformat()
-        record.outcome = Outcome.PASSED
