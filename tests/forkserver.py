@@ -1,16 +1,17 @@
 """The Python processes this suite starts, forked from servers that have imported torch.
 
-About two hundred processes (xdist workers of the runs under test, fresh confirmation and update processes,
-pytester subprocesses) each imported torch (2-2.5 s of CPU on the 2-core CI machine) and tore it down
-(0.7 s): more than half of the suite's CPU. Here ``sys.executable`` names a launcher; each start through it
-(by the plugin, xdist or pytester, their code unchanged) becomes a fork of a server, given the launcher's
-arguments, folder, environment, umask, CPU affinity, nice value and standard streams; signals go to it and
-its exit status comes back. A fork has imported torch and pytest, nothing of the plugin, kernels or tests;
-what the server holds is frozen out of the garbage collector's view (gc.freeze). Forks of one server
-share its hash seed, so two servers with their own seeds take starts at random; they share where torch's
-libraries were loaded, so a GPU host never uses this. A start a fork cannot be (an interpreter option other
-than -u, a variable read at torch's import that differs) runs the real interpreter, as does every start
-under ``PERFGUARD_TEST_FORKSERVER=0`` or in a test marked ``fresh_interpreter``.
+About four hundred processes (390 counted 2026-11-28: xdist workers of the runs under test, fresh
+confirmation and update processes, pytester subprocesses) each imported torch (2-2.5 s of CPU on the 2-core
+CI machine) and tore it down (0.7 s): more than half of the suite's CPU. Here ``sys.executable`` names a
+launcher; each start through it (by the plugin, xdist or pytester, their code unchanged) becomes a fork of a
+server, given the launcher's arguments, folder, environment, umask, CPU affinity, nice value and standard
+streams; signals go to it and its exit status comes back. A fork has imported torch and pytest, nothing of
+the plugin, kernels or tests; what the server holds is frozen out of the garbage collector's view
+(gc.freeze). Forks of one server share its hash seed, so two servers with their own seeds take starts at
+random; they share where torch's libraries were loaded, so a GPU host never uses this. A start a fork cannot
+be (an interpreter option other than -u, a variable read at torch's import that differs) runs the real
+interpreter, as does every start under ``PERFGUARD_TEST_FORKSERVER=0`` or in a test marked
+``fresh_interpreter``.
 """
 
 from __future__ import annotations
