@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -239,7 +239,7 @@ def parse_results(path: Path, obj: Any) -> ResultsFile:
     for name, value in (("run", run), ("summary", summary)):
         if not isinstance(value, dict):
             bad(f"{name!r} must be a JSON object, got {type(value).__name__}")
-    for key in RunInfo.__dataclass_fields__:
+    for key in (f.name for f in fields(RunInfo)):
         if run.get(key) is not None and not isinstance(run[key], str):
             bad(f"run field {key!r} must be a string or null, got {type(run[key]).__name__}")
     return ResultsFile(path=path, device=device, results=records, run=run, summary=summary)

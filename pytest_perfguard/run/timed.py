@@ -214,7 +214,7 @@ class TimedStep:
                 m, note = pooled(m, m2, cfg.confidence), "re-measured once in a fresh order (blocks pooled)"
             verdict = self._judge(trial, workload, env, m, twin)
             verdict.notes.append(note)
-        m, verdict = self._decide_more(trial, (workload, env), twin, m, verdict, take, cfg.confidence, against)
+        m, verdict = self._decide_more(trial, workload, env, twin, m, verdict, take, cfg.confidence, against)
         if verdict.disturbances:
             off = " (where the load is by design, --perfguard-no-cpu-watch)" if isinstance(watch, CpuWatch) else ""
             verdict.notes.append(
@@ -237,7 +237,8 @@ class TimedStep:
     def _decide_more(
         self,
         trial: Trial,
-        ran: tuple[str, dict[str, str]],
+        workload: str,
+        env: dict[str, str],
         twin: Twin | None,
         m: Measurement,
         verdict: Verdict,
@@ -272,7 +273,7 @@ class TimedStep:
                         else self.host.against_blocks + more.against_blocks,
                         self.host.calls_per_block,
                     )
-            verdict = self._judge(trial, *ran, m, twin)
+            verdict = self._judge(trial, workload, env, m, twin)
             extra += 1
             verdict.notes.append(f"undecided: measured {extra} more time(s) to decide it (blocks pooled)")
             self.state.deciding_spent_s += time.monotonic() - t0
