@@ -270,7 +270,8 @@ SPECS: tuple[Spec, ...] = (
         "case_timeout",
         "float",
         900.0,
-        "seconds one case may run before the session ends with TIMEOUT (hung kernel); 0 = none",
+        "seconds one case may run before the session ends with TIMEOUT (hung kernel), saying what the case "
+        "was doing (its step; in timing, whether blocks were still ending); 0 = none",
     ),
     Spec(
         "confirm",

@@ -546,7 +546,7 @@ def test_a_run_whose_every_case_failed_says_so_not_that_none_was_collected(proje
     project.makepyfile(test_k=wrong)
     result = run(project, [], "--perfguard-update-baseline", "-k", "fast")
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["*no perf case was timed (2 failed before timing (2 incorrect))*"])
+    result.stdout.fnmatch_lines(["*no perf case was timed (2 failed before a measurement finished (2 incorrect))*"])
 
 
 @pytest.mark.parametrize(
@@ -636,9 +636,85 @@ def test_hung_kernel_times_out_with_the_case_name_and_results_are_flushed(projec
         fresh=True,
     )
     assert result.ret != 0
-    result.stderr.fnmatch_lines(["*perfguard: TIMEOUT: test_k.py::test_attn[[]hang-8[]] ran longer than 3s*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*perfguard: TIMEOUT: test_k.py::test_attn[[]hang-8[]] ran longer than 3s (--perfguard-case-timeout) in "
+            "its correctness check; ending the session*"
+        ]
+    )
     doc = json.loads((project.path / "r.json").read_text())
     assert any(r["verdict"] == "timeout" for r in doc["results"])
+
+
+# A kernel on the fake clock whose noise keeps the measurement's interval wide: it measures until its budget.
+# Its calls stop returning (a hang) after HANG_AFTER_S seconds of them, or raise after RAISE_AFTER_S, where set.
+LATE_HANG = """
+
+import os
+import time
+
+_STARTED = []
+
+
+def late(q, k, v, causal, kernel=timed(1000, noise=3.0)):
+    time.sleep(0.0002)  # its blocks take real time: 400 of them outlast the timeout
+    for stop in ("HANG_AFTER_S", "RAISE_AFTER_S"):
+        if os.environ.get(stop):
+            _STARTED.append(time.monotonic())
+            if time.monotonic() - _STARTED[0] > float(os.environ[stop]):
+                if stop == "RAISE_AFTER_S":
+                    raise RuntimeError("the kernel gave up")
+                time.sleep(3600)
+    return kernel(q, k, v, causal)
+"""
+
+
+def test_a_case_that_raises_while_timed_keeps_where_it_ran(project: pytest.Pytester) -> None:
+    project.path.joinpath("conftest.py").write_text(CONFTEST + LATE_HANG)
+    project.makepyfile(test_k=_case(extra=', "late": __import__("conftest").late'))
+    args = ("--perfguard", "--perfguard-json", "r.json", "-k", "late and 8")
+    result = run(project, ["-p", "no:xdist"], *args, env={"RAISE_AFTER_S": "0.5"})
+    result.assert_outcomes(failed=1)
+    (r,) = json.loads((project.path / "r.json").read_text())["results"]
+    assert (r["verdict"], r["reasons"]) == ("error", ["timing raised RuntimeError: the kernel gave up"])
+    import torch
+
+    assert r["env"]["torch"] == torch.__version__, r
+
+
+@pytest.mark.parametrize(
+    ("hang", "doing"),
+    [
+        (
+            "1",
+            "in timing for * s: no block had ended for * s (* had before that), as a call that never returns leaves it",
+        ),
+        (
+            "",
+            "in timing for * s, still measuring: * blocks of its measurement, the last * s ago; a longer "
+            "--perfguard-case-timeout or a "
+            "shorter --perfguard-case-budget lets it finish",
+        ),
+    ],
+    ids=["hung", "measuring"],
+)
+def test_a_timeout_in_timing_says_whether_blocks_were_still_ending(
+    project: pytest.Pytester, hang: str, doing: str
+) -> None:
+    """A case past its timeout while timed: a call that stopped returning and a measurement that was still
+    taking blocks are told apart, and the record keeps where the case ran (its environment)."""
+    project.path.joinpath("conftest.py").write_text(CONFTEST + LATE_HANG)
+    project.makepyfile(test_k=_case(extra=', "late": __import__("conftest").late'))
+    args = ("--perfguard", "--perfguard-case-timeout", "3", "--perfguard-json", "r.json", "-k", "late and 8")
+    result = run(project, ["-p", "no:xdist"], *args, env={"HANG_AFTER_S": hang}, fresh=True)
+    assert result.ret != 0
+    message = f"TIMEOUT: test_k.py::test_attn[[]late-8[]] ran longer than 3s (--perfguard-case-timeout) {doing}; "
+    result.stderr.fnmatch_lines([f"*perfguard: {message}ending the session*"])
+    (r,) = json.loads((project.path / "r.json").read_text())["results"]
+    assert r["verdict"] == "timeout" and "in timing" in r["reasons"][0]
+    import torch
+
+    assert r["env"]["torch"] == torch.__version__, r
 
 
 def test_under_xdist_a_poisoned_worker_exits_and_a_fresh_one_runs_the_rest(project: pytest.Pytester) -> None:

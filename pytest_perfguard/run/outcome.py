@@ -24,15 +24,17 @@ from .state import UNCOMPARED, UNJUDGED, RunSummary, SessionState, baseline_file
 
 
 def nothing_timed(records: list[CaseRecord]) -> str:
-    """Why a perf run timed no case: what its cases did instead (failed before timing, skipped), or that no
-    @perf_case test was collected."""
+    """Why a perf run timed no case: what its cases did instead (failed before a measurement finished,
+    skipped), or that no @perf_case test was collected."""
     skipped = [r for r in records if r.outcome in (Outcome.SKIPPED, Outcome.NOT_RUN)]
     failed = [r for r in records if r.outcome is Outcome.FAILED]
     parts = []
     if failed:
         kinds = Counter(str(r.verdict or "error") for r in failed)
         parts.append(
-            f"{len(failed)} failed before timing (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
+            f"{len(failed)} failed before a measurement finished ("
+            + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+            + ")"
         )
     if skipped:
         why = "; ".join(sorted({(r.reasons or ["?"])[0] for r in skipped}))[:500]

@@ -105,6 +105,12 @@ class Runner:
         # reference, concluded when the batch has confirmed it (confirm.Batch, conclude_deferred).
         self._deferred: tuple[CaseRecord, Verdict, bool] | None = None
         self._base_unmet: str | None = None  # the base twin's unmet requirement (A/B runs), read when pairing
+        # The timed step while it runs: what it found so far (environment, notes) goes into the record of a
+        # case that raises or times out in it. And its measurement's last block (count, seconds into the
+        # measurement, when it ended): a timeout says whether blocks were still ending or a call never returned.
+        self._step: TimedStep | None = None
+        self._block: tuple[int, float] | None = None
+        self._timing_t0 = 0.0
 
     # ------------------------------------------------------------------------------------------ frame
 
@@ -116,7 +122,8 @@ class Runner:
             variant=variant_name,
             params=display_params(self.item),
         )
-        with deadline(self.state.settings.case_timeout, self.item.nodeid, lambda m: self._expire(record, m)) as clock:
+        timeout = self.state.settings.case_timeout
+        with deadline(timeout, self.item.nodeid, lambda m: self._expire(record, m), self._where) as clock:
             self._clock = clock
             t0 = time.monotonic()
             try:
@@ -152,8 +159,37 @@ class Runner:
             record.verdict = verdict
         self._failure = message
 
+    def _where(self) -> str:
+        """What the case was doing when its deadline passed, for the timeout's message (the watchdog's thread)."""
+        if self._stage != "timing":
+            return f"in its {self._stage}"
+        t0, now = self._timing_t0, time.monotonic()
+        if self._block is None:
+            return f"in timing for {now - t0:.1f} s, before its first block ended"
+        blocks, at = self._block
+        since, per_block = now - at, (at - t0) / blocks
+        if since > max(1.0, 3 * per_block):
+            return (
+                f"in timing for {now - t0:.1f} s: no block had ended for {since:.1f} s ({blocks} had before that), "
+                "as a call that never returns leaves it"
+            )
+        return (
+            f"in timing for {now - t0:.1f} s, still measuring: {blocks} blocks of its measurement, the last "
+            f"{since:.1f} s ago; a longer --perfguard-case-timeout or a shorter --perfguard-case-budget lets it finish"
+        )
+
+    def _keep_found(self, record: CaseRecord) -> None:
+        """What the timed step had found when the case raised or timed out in it: its environment and notes."""
+        step = self._step
+        if step is None:
+            return
+        if record.env is None and step.env is not None:
+            record.env = step.env
+        record.notes = [*record.notes, *(n for n in step.notes if n not in record.notes)]
+
     def _expire(self, record: CaseRecord, message: str) -> None:
         """The watchdog's exit path (another thread): the process ends right after this."""
+        self._keep_found(record)
         record.outcome, record.verdict, record.reasons = Outcome.FAILED, Status.TIMEOUT, [message]
         self.state.records.append(record)
         if self.state.on_timeout is not None:
@@ -161,6 +197,7 @@ class Runner:
 
     def _crashed(self, record: CaseRecord, exc: BaseException) -> None:
         reason = f"{self._stage} raised {type(exc).__name__}: {exc}"
+        self._keep_found(record)
         # The traceback is kept to fail the item with (and pytest keeps the last one in sys.last_traceback):
         # its frames' locals are the case's inputs, graphs and outputs, gigabytes of GPU memory that the next
         # cases would run out of (two S4096 cases on an H100 did). The lines are kept, the locals dropped.
@@ -264,7 +301,7 @@ class Runner:
     ) -> None:
         """Pair with the base revision, check, time and judge, check again, confirm: the case's verdict."""
         s = self.state.settings
-        step = TimedStep(self.state, self.item, self._lock, self._on_progress())
+        step = self._step = TimedStep(self.state, self.item, self._lock, self._on_progress())
         twin = None
         if s.against:
             self._stage = "pairing with the base revision"
@@ -275,7 +312,7 @@ class Runner:
             self._keep_checks(record, checks)
             self._flag(record, flag, [])
             return
-        self._stage = "timing"
+        self._stage, self._timing_t0 = "timing", time.monotonic()
         timer = timer_for(s.device, trial.case.clock)
         t0 = time.monotonic()
         with guard.phase("the timed calls"):
@@ -283,6 +320,7 @@ class Runner:
         m, verdict = timed.m, timed.verdict
         record.notes.extend(timed.notes)
         record.env = timed.env
+        self._step = None  # what it found is in the record now
         self.timing_s = time.monotonic() - t0
         self.state.timing_spent_s += self.timing_s
         if step.host_s:
@@ -544,7 +582,15 @@ class Runner:
 
     # ------------------------------------------------------------------------------------------ progress
 
-    def _on_progress(self) -> Callable[[Progress], None] | None:
-        """The live progress line's per-block callback for this item (progress.py), or None."""
+    def _on_progress(self) -> Callable[[Progress], None]:
+        """Each block of the case's measurements: its count kept for a timeout's message (`_where`), and the
+        live progress line drawn (progress.py) where there is one."""
         show = self.state.progress
-        return show(self.item.name) if show is not None else None
+        line = show(self.item.name) if show is not None else None
+
+        def on_block(p: Progress) -> None:
+            self._block = (p.blocks, time.monotonic())
+            if line is not None:
+                line(p)
+
+        return on_block

@@ -106,6 +106,10 @@ class TimedStep:
         self.on_progress = on_progress
         self.host: HostTime | None = None  # the eager call's timing (_host_time), once measured
         self.host_s = 0.0  # the seconds it took, counted with the checks' (CaseRecord.checks)
+        # What measure_and_judge has found so far; the runner keeps them for a case that raises or times out
+        # before the step returns (Runner._keep_found).
+        self.env: dict[str, str] | None = None
+        self.notes: list[str] = []
 
     # ------------------------------------------------------------------------- the base revision's twin
 
@@ -197,9 +201,14 @@ class TimedStep:
                     on_progress=self.on_progress,
                 )
 
+        # Where the case runs, kept for its record should the measurement raise or hang (its mode, graph or
+        # stream, is known once the first measurement ends, and is written then).
+        self.env = self._env(trial, "unknown: the first measurement had not ended")
         m = take()
-        notes = [watch.unwatched] if isinstance(watch, CpuWatch) and watch.unwatched else []
-        env = self._env(trial, m.mode)
+        notes = self.notes
+        if isinstance(watch, CpuWatch) and watch.unwatched:
+            notes.append(watch.unwatched)
+        env = self.env = self._env(trial, m.mode)
         self.host = self._host_time(trial, m, against)
         verdict = self._judge(trial, workload, env, m, twin)
         disturbed = list(m.notes)
@@ -221,7 +230,7 @@ class TimedStep:
                 f"disturbed {'in both measurements' if disturbed else 'in the re-measurement'}: inconclusive, "
                 f"never a failure, and never stored as a baseline; time it on a quiet machine{off}"
             )
-        return Timed(m, verdict, env, notes)
+        return Timed(m, verdict, env, list(notes))
 
     def _wait_quiet(self, watch: Watch | None) -> str | None:
         """Before a disturbed case is measured again: wait (up to QUIET_WAIT_S) for the GPU's other work to

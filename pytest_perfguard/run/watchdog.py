@@ -2,8 +2,10 @@
 
 A hung GPU kernel cannot be interrupted from Python: the only way out is to end the process. The watchdog
 thread waits for the case to finish; past the deadline (time queued for the device lock does not count)
-it reports TIMEOUT with the case name, lets the session flush what it has (results file, step summary; a
-worker sends the case's failure to the controller, which starts a fresh worker for the rest), and exits.
+it reports TIMEOUT with the case name and what the case was doing (a call that never returned, or a
+measurement still taking blocks at the limit), lets the session flush what it has (results file, step
+summary; a worker sends the case's failure to the controller, which starts a fresh worker for the rest),
+and exits.
 """
 
 from __future__ import annotations
@@ -61,7 +63,13 @@ class Deadline:
 
 
 @contextlib.contextmanager
-def deadline(seconds: float, case_id: str, on_expire: Callable[[str], None] | None = None) -> Iterator[Deadline]:
+def deadline(
+    seconds: float,
+    case_id: str,
+    on_expire: Callable[[str], None] | None = None,
+    where: Callable[[], str] | None = None,
+) -> Iterator[Deadline]:
+    """Watch the case; past `seconds`, say so (with `where()`: what the case was doing), then end the process."""
     if not seconds or seconds <= 0:
         yield Deadline(0.0)  # nobody watches it: pausing it is harmless
         return
@@ -70,7 +78,13 @@ def deadline(seconds: float, case_id: str, on_expire: Callable[[str], None] | No
     def watch() -> None:
         if not clock.wait_expired():
             return
-        message = f"TIMEOUT: {case_id} ran longer than {seconds:g}s (--perfguard-case-timeout); ending the session"
+        doing = ""
+        if where is not None:
+            with contextlib.suppress(Exception):
+                doing = f" {where()}"
+        message = (
+            f"TIMEOUT: {case_id} ran longer than {seconds:g}s (--perfguard-case-timeout){doing}; ending the session"
+        )
         if on_expire is not None:
             with contextlib.suppress(Exception):
                 on_expire(message)
