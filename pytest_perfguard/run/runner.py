@@ -10,6 +10,7 @@ and the controller (session.py) merges, writes and reports once.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import os
 import shutil
@@ -76,6 +77,14 @@ def _from_user_code(exc: BaseException) -> BaseException:
     return exc if tb is None else exc.with_traceback(tb)
 
 
+def _copy(record: CaseRecord) -> CaseRecord:
+    """A deep copy of a record another thread may be writing (a dict it grows mid-copy raises: copy again)."""
+    for _ in range(9):
+        with contextlib.suppress(RuntimeError):
+            return copy.deepcopy(record)
+    return copy.deepcopy(record)
+
+
 def _is_sticky_cuda_error(exc: BaseException) -> bool:
     return any(marker in str(exc) for marker in _STICKY)
 
@@ -109,6 +118,10 @@ class Runner:
         # case that raises or times out in it. And its measurement's last block (count, seconds into the
         # measurement, when it ended): a timeout says whether blocks were still ending or a call never returned.
         self._step: TimedStep | None = None
+        # The watchdog's thread keeps a timed-out case's record while this one may still be writing it: the
+        # timeout's record is a copy, and once it is kept this thread adds nothing (`_expire`, `_conclude`).
+        self._ending = threading.Lock()
+        self._expired = False
         self._block: tuple[int, float] | None = None
         self._timing_t0 = 0.0
 
@@ -140,7 +153,12 @@ class Runner:
     def _conclude(self, record: CaseRecord) -> None:
         """The one place a record is kept and turned into the item's pass, fail or skip."""
         __tracebackhide__ = True
-        self.state.records.append(record)
+        with self._ending:
+            expired = self._expired
+            if not expired:
+                self.state.records.append(record)
+        if expired:  # the watchdog kept the case's timeout and is ending the process: nothing may follow it
+            threading.Event().wait()
         if record.outcome is Outcome.FAILED and self._raised is not None:
             # pytest then shows where in the user's kernel it raised, in every --tb style; the table keeps
             # the short reason.
@@ -188,10 +206,15 @@ class Runner:
         record.notes = [*record.notes, *(n for n in step.notes if n not in record.notes)]
 
     def _expire(self, record: CaseRecord, message: str) -> None:
-        """The watchdog's exit path (another thread): the process ends right after this."""
-        self._keep_found(record)
-        record.outcome, record.verdict, record.reasons = Outcome.FAILED, Status.TIMEOUT, [message]
-        self.state.records.append(record)
+        """The watchdog's exit path (another thread): the process ends right after this. The case's thread may
+        still be running (a measurement that was still taking blocks) and writing `record`: what is kept is a
+        copy of it as it stands, and that thread keeps nothing after it (`_conclude`)."""
+        with self._ending:
+            self._expired = True
+            ended = _copy(record)
+        self._keep_found(ended)
+        ended.outcome, ended.verdict, ended.reasons = Outcome.FAILED, Status.TIMEOUT, [message]
+        self.state.records.append(ended)
         if self.state.on_timeout is not None:
             self.state.on_timeout(message, self.item)
 

@@ -1,11 +1,20 @@
-"""The per-case deadline: it fires on running time, and time queued for the device lock does not count."""
+"""The per-case deadline: it fires on running time, and time queued for the device lock does not count; the
+record a timeout keeps is the case's as it stood, and the case keeps nothing after it."""
 
 from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
+from typing import cast
 
+import pytest
+
+from pytest_perfguard.record import CaseRecord, Outcome, Status
+from pytest_perfguard.run.runner import Runner
+from pytest_perfguard.run.state import SessionState
 from pytest_perfguard.run.watchdog import Deadline
+from pytest_perfguard.settings import Settings
 
 
 def _expires(clock: Deadline) -> threading.Event:
@@ -39,3 +48,33 @@ def test_time_spent_paused_does_not_count() -> None:
     t0 = time.monotonic()
     assert fired.wait(5.0)  # the clock runs again and the remaining time expires
     assert time.monotonic() - t0 >= 0.3
+
+
+def test_a_timeout_keeps_the_record_as_it_stood_and_the_case_keeps_nothing_after_it() -> None:
+    """The watchdog's thread keeps the timed-out case's record while the case's own thread may still run (a
+    measurement still taking blocks): later writes by that thread do not reach what was kept, and its
+    conclusion adds no second record; it waits for the process's end."""
+    state = SessionState(settings=Settings())
+    said: list[str] = []
+    state.on_timeout = lambda message, item: said.append(message)
+    runner = Runner(state, cast(pytest.Item, SimpleNamespace(nodeid="test_k.py::test_x[v-8]", name="test_x[v-8]")))
+    record = CaseRecord(id="test_k.py::test_x[v-8]", variant="v", notes=["found before the timeout"])
+    runner._expire(record, "TIMEOUT: test_k.py::test_x[v-8] ran longer than 3s")
+    # the case's thread goes on: its measurement ends and it writes the figures and a pass
+    record.median_ns, record.outcome = 1000.0, Outcome.PASSED
+    record.notes.append("written after the timeout")
+    (kept,) = state.records
+    assert (kept.outcome, kept.verdict, kept.median_ns) == (Outcome.FAILED, Status.TIMEOUT, None)
+    assert kept.notes == ["found before the timeout"] and said == ["TIMEOUT: test_k.py::test_x[v-8] ran longer than 3s"]
+    conclusion = threading.Thread(target=runner._conclude, args=(record,), daemon=True)
+    conclusion.start()
+    conclusion.join(0.5)
+    assert conclusion.is_alive() and state.records == [kept]
+
+
+def test_without_a_timeout_the_case_keeps_its_record() -> None:
+    state = SessionState(settings=Settings())
+    runner = Runner(state, cast(pytest.Item, SimpleNamespace(nodeid="test_k.py::test_x[v-8]", name="test_x[v-8]")))
+    record = CaseRecord(id="test_k.py::test_x[v-8]", variant="v", outcome=Outcome.PASSED, verdict=Status.PASS)
+    runner._conclude(record)
+    assert state.records == [record]
