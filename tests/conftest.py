@@ -111,6 +111,12 @@ def _guarded_suite_only(config: pytest.Config) -> bool:
     return bool(paths) and all(path == perf or perf in path.parents for path in paths)
 
 
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """How this session's Python processes were started (tests/forkserver.py), in its controller."""
+    if not hasattr(config, "workerinput") and not _guarded_suite_only(config):
+        terminalreporter.write_line(forkserver.tally())
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `-n N` with xdist's default distribution, let an idle worker take queued tests from a busy one.

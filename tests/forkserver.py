@@ -11,7 +11,11 @@ the plugin, kernels or tests; what the server holds is frozen out of the garbage
 random; they share where torch's libraries were loaded, so a GPU host never uses this. A start a fork cannot
 be (an interpreter option other than -u, a variable read at torch's import that differs) runs the real
 interpreter, as does every start under ``PERFGUARD_TEST_FORKSERVER=0`` or in a test marked
-``fresh_interpreter``.
+``fresh_interpreter``. The session's terminal summary counts both (`tally`).
+
+It is what keeps CI's suite within its 10 minutes, and nothing CI's verdicts depend on: on the 2-core CI
+machine, 2026-11-28, one tree at `-n 2`, 464 s with the forks and 915 s (1764 s of CPU) without, the same
+tests passing (docs/reference.md).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ _STARTUP_NAMES = {
     "LC_CTYPE",
 }
 _INT = struct.Struct("!i")
+TALLY = "starts"  # beside the sockets: one byte a start through the launcher (`_count`)
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str]:
@@ -83,6 +88,16 @@ def real_python() -> str:
     return os.environ.get(REAL_PYTHON_ENV) or sys.executable
 
 
+def _count(path: str, how: bytes) -> None:
+    """One start, as a fork (b"f") or a new interpreter (b"n"), in the session's tally (`tally`)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.join(os.path.dirname(path), TALLY), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, how)
+        finally:
+            os.close(fd)
+
+
 def launch(argv: list[str]) -> None:
     """The launcher: hand this start to a server and wait for its status, or run the real interpreter."""
     paths = os.environ.get(SOCKET_ENV, "").split(os.pathsep)
@@ -94,7 +109,10 @@ def launch(argv: list[str]) -> None:
             raise OSError
         sock.connect(path)
     except OSError:
+        if path:
+            _count(path, b"n")
         os.execv(real_python(), [real_python(), *argv])
+    _count(path, b"f")
     payload = json.dumps(request).encode()
     socket.send_fds(sock, [struct.pack("!I", len(payload)) + payload], [0, 1, 2])
     (pid,) = _INT.unpack(_recv(sock, 4))
@@ -310,6 +328,7 @@ def _exit(code: int) -> None:
 _BASE_PATH: list[str] = []
 _SERVERS: list[subprocess.Popen[bytes]] = []
 _FOLDER: str | None = None
+_OFF: list[str] = []  # why the servers are not there, where they failed to start
 
 
 def start() -> bool:
@@ -339,6 +358,7 @@ def start() -> bool:
         if any(server.poll() is not None for server in _SERVERS) or time.monotonic() > deadline:
             stop()
             print("tests/forkserver.py: a server did not start; every process is a new interpreter", file=sys.stderr)
+            _OFF[:] = ["a server did not start"]
             return False
         time.sleep(0.05)
     os.environ[SOCKET_ENV] = os.pathsep.join(paths)
@@ -351,6 +371,25 @@ def _server_main(path: str, launcher: str) -> None:
     _BASE_PATH[:] = [p for p in sys.path if os.path.abspath(p) not in own and p not in own]
     sys.executable = launcher
     serve(path)
+
+
+def tally() -> str:
+    """What the session's Python starts were, for its terminal summary: a CI log says whether it ran with
+    the forks (the suite takes about half the time it takes without them: docs/reference.md)."""
+    sockets = os.environ.get(SOCKET_ENV)
+    if not sockets or _OFF:
+        why = "switched off" if os.environ.get(SWITCH_ENV) == "0" else (_OFF or ["off (a GPU host, or not Linux)"])[0]
+        return f"tests/forkserver.py {why}: every Python process this session started was a new interpreter"
+    try:
+        starts = Path(os.path.dirname(sockets.split(os.pathsep)[0]), TALLY).read_bytes()
+    except OSError:
+        starts = b""
+    forks = starts.count(b"f")
+    return (
+        f"tests/forkserver.py: {len(starts)} Python starts, {forks} of them forks of a server that had imported "
+        f"torch and pytest, {len(starts) - forks} new interpreters (a start a fork cannot be, or a test marked "
+        "fresh_interpreter)"
+    )
 
 
 def stop() -> None:

@@ -5,6 +5,7 @@ fork could not be that process."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,6 +99,22 @@ def test_forks_do_not_all_share_one_hash_seed(tmp_path: Path) -> None:
         _run(["-c", "import sys; print(hash('perfguard'), 'torch' in sys.modules)"], tmp_path).stdout for _ in range(20)
     }
     assert len(seeds) == 2 and all(seed.endswith(" True\n") for seed in seeds), seeds
+
+
+def _tallied() -> tuple[int, int]:
+    """The session's starts so far, and how many were forks (forkserver.tally's line)."""
+    found = re.search(r"(\d+) Python starts, (\d+) of them forks", forkserver.tally())
+    assert found, forkserver.tally()
+    return int(found[1]), int(found[2])
+
+
+def test_the_tally_counts_forks_and_new_interpreters(tmp_path: Path) -> None:
+    """The session's last line says how its processes started: each start counts, a fork as a fork."""
+    starts, forks = _tallied()
+    assert _run(["-c", "pass"], tmp_path).returncode == 0  # a fork
+    assert _run(["-E", "-c", "pass"], tmp_path).returncode == 0  # an option a fork cannot take: a new interpreter
+    now, now_forks = _tallied()  # the other xdist worker's starts may count too
+    assert now >= starts + 2 and now_forks >= forks + 1 and now - now_forks >= starts - forks + 1
 
 
 def test_an_uncaught_exception_is_printed_and_exits_1(tmp_path: Path) -> None:
