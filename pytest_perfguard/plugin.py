@@ -33,7 +33,7 @@ from .run.state import (
 )
 
 if TYPE_CHECKING:
-    from .run.runner import Runner
+    from .run.item import ItemRun
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -252,11 +252,12 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def perfguard_runner(request: pytest.FixtureRequest) -> Runner:
+def perfguard_runner(request: pytest.FixtureRequest) -> ItemRun:
     """Runs the current perf item (used by @perf_case; not meant to be requested directly)."""
+    from .run.item import ItemRun
     from .run.runner import Runner
 
-    return Runner(state_of(request.config), request.node)
+    return ItemRun(Runner(state_of(request.config), request.node))
 
 
 @pytest.fixture

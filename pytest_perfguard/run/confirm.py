@@ -45,6 +45,7 @@ from ..marker import MARK_NAME
 from ..record import CaseRecord, Confirmed, Gate, Status
 from . import xdist as xd
 from .context import RUN_ORDER, Context, RunOrder, aside, cases_text, replay_in_context, unmeasured, unrepeated
+from .ending import Ending, end_item
 from .fresh import confirmed_of, run_fresh, say, start_fresh_cases
 from .role import role_of
 
@@ -67,7 +68,7 @@ class CaseRun(Protocol):
 
     def fresh_process_timeout(self) -> float | None: ...
 
-    def conclude_deferred(self, confirmation: Confirmation) -> None: ...
+    def conclude_deferred(self, confirmation: Confirmation) -> Ending: ...
 
 
 @dataclass
@@ -458,7 +459,9 @@ class Batch:
         the call report made again from that end."""
         item = w.run.item
         call = pytest.CallInfo.from_call(
-            lambda: w.run.conclude_deferred(confirmation), when="call", reraise=get_reraise_exceptions(self.config)
+            lambda: end_item(w.run.conclude_deferred(confirmation)),
+            when="call",
+            reraise=get_reraise_exceptions(self.config),
         )
         if not log:
             return

@@ -2,15 +2,15 @@
 
 The steps take the case's values and return their own (the correctness report, the twin, `timed.Timed`,
 the checks' flags and findings, the verdict, the confirmation); the runner alone writes them into the
-item's `CaseRecord`, appends it in one place and turns it into pass, fail or skip in one place
-(`_conclude`). The runner reads the stored baseline but never writes it: workers only produce records,
-and the controller (session.py) merges, writes and reports once.
+item's `CaseRecord`, keeps it in one place (`_conclude`) and returns how the item ends (`Ending`): the
+pytest outcome is made from that outside the steps (ending.end_item). The runner reads the stored
+baseline but never writes it: workers only produce records, and the controller (session.py) merges,
+writes and reports once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import os
 import shutil
@@ -39,9 +39,10 @@ from ..measure.timing import Measurement, Progress
 from ..record import AbComparison, CaseRecord, Outcome, Status
 from .checks import IntegrityChecks, capture_error
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
+from .ending import Ending
 from .state import SessionState
 from .timed import TimedStep, engine_bindings, note_unchecked_faster, timer_for
-from .watchdog import Deadline, deadline
+from .watchdog import Deadline, deadline, doing, snapshot
 from .workload import (
     Trial,
     count,
@@ -75,14 +76,6 @@ def _from_user_code(exc: BaseException) -> BaseException:
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN_FILES):
         tb = tb.tb_next
     return exc if tb is None else exc.with_traceback(tb)
-
-
-def _copy(record: CaseRecord) -> CaseRecord:
-    """A deep copy of a record another thread may be writing (a dict it grows mid-copy raises: copy again)."""
-    for _ in range(9):
-        with contextlib.suppress(RuntimeError):
-            return copy.deepcopy(record)
-    return copy.deepcopy(record)
 
 
 def _is_sticky_cuda_error(exc: BaseException) -> bool:
@@ -127,8 +120,11 @@ class Runner:
 
     # ------------------------------------------------------------------------------------------ frame
 
-    def run(self, case: PerfCase, variant_name: str, factory: Callable[[], Any], params: dict[str, Any]) -> None:
-        __tracebackhide__ = True
+    def run(
+        self, case: PerfCase, variant_name: str, factory: Callable[[], Any], params: dict[str, Any]
+    ) -> Ending | None:
+        """The case's steps, its record kept, and how its item ends; None while its regression waits for the
+        batch confirmation, which ends it after the session's last case (`conclude_deferred`)."""
         record = CaseRecord(
             id=self.item.nodeid,
             test=getattr(self.item, "originalname", self.item.name),
@@ -147,12 +143,11 @@ class Runner:
             if record.outcome is not Outcome.SKIPPED:
                 confirming = record.confirmation.elapsed_s if record.confirmation is not None else 0.0
                 record.case_s = round(time.monotonic() - t0 - self._waited_s - confirming, 4)
-        if self._deferred is None:  # else the batch concludes it after the session's last case
-            self._conclude(record)
+        return self._conclude(record) if self._deferred is None else None
 
-    def _conclude(self, record: CaseRecord) -> None:
-        """The one place a record is kept and turned into the item's pass, fail or skip."""
-        __tracebackhide__ = True
+    def _conclude(self, record: CaseRecord) -> Ending:
+        """The one place a record is kept, and how the item ends (pass, fail or skip: the plugin's pytest
+        side ends it, marker.end_item)."""
         with self._ending:
             expired = self._expired
             if not expired:
@@ -165,11 +160,12 @@ class Runner:
             raised, self._raised = _from_user_code(self._raised), None
             if hasattr(raised, "add_note"):  # Python 3.11+
                 raised.add_note(f"perfguard: {self._failure}")
-            raise raised
+            return Ending(raised=raised)
         if record.outcome is Outcome.FAILED:
-            pytest.fail(self._failure or "; ".join(record.reasons), pytrace=False)
+            return Ending(failure=self._failure or "; ".join(record.reasons))
         if record.outcome in (Outcome.SKIPPED, Outcome.NOT_RUN):
-            pytest.skip(record.reasons[0] if record.reasons else "skipped")
+            return Ending(skipped=record.reasons[0] if record.reasons else "skipped")
+        return Ending()
 
     def _fail(self, record: CaseRecord, message: str, verdict: Status | None = None) -> None:
         record.outcome = Outcome.FAILED
@@ -179,22 +175,7 @@ class Runner:
 
     def _where(self) -> str:
         """What the case was doing when its deadline passed, for the timeout's message (the watchdog's thread)."""
-        if self._stage != "timing":
-            return f"in its {self._stage}"
-        t0, now = self._timing_t0, time.monotonic()
-        if self._block is None:
-            return f"in timing for {now - t0:.1f} s, before its first block ended"
-        blocks, at = self._block
-        since, per_block = now - at, (at - t0) / blocks
-        if since > max(1.0, 3 * per_block):
-            return (
-                f"in timing for {now - t0:.1f} s: no block had ended for {since:.1f} s ({blocks} had before that), "
-                "as a call that never returns leaves it"
-            )
-        return (
-            f"in timing for {now - t0:.1f} s, still measuring: {blocks} blocks of its measurement, the last "
-            f"{since:.1f} s ago; a longer --perfguard-case-timeout or a shorter --perfguard-case-budget lets it finish"
-        )
+        return doing(self._stage, self._timing_t0, self._block, time.monotonic())
 
     def _keep_found(self, record: CaseRecord) -> None:
         """What the timed step had found when the case raised or timed out in it: its environment and notes."""
@@ -211,7 +192,7 @@ class Runner:
         copy of it as it stands, and that thread keeps nothing after it (`_conclude`)."""
         with self._ending:
             self._expired = True
-            ended = _copy(record)
+            ended = snapshot(record)
         self._keep_found(ended)
         ended.outcome, ended.verdict, ended.reasons = Outcome.FAILED, Status.TIMEOUT, [message]
         self.state.records.append(ended)
@@ -551,14 +532,13 @@ class Runner:
             record.baseline_hold = confirmation.hold_back or None
         self._settle(record, verdict, status, confirmation, variant_is_against=trial.variant.fn is trial.case.against)
 
-    def conclude_deferred(self, confirmation: Confirmation) -> None:
+    def conclude_deferred(self, confirmation: Confirmation) -> Ending:
         """The end of a case whose regression waited for the batch confirmation: settled with the batch's
-        answer, kept, and turned into pass or fail (called by confirm.Batch in place of the call phase)."""
-        __tracebackhide__ = True
+        answer, kept, and how its item ends (confirm.Batch ends it in place of the call phase)."""
         assert self._deferred is not None, "no regression of this case waits for a confirmation"
         (record, verdict, variant_is_against), self._deferred = self._deferred, None
         self._settle(record, verdict, confirmation.status, confirmation, variant_is_against=variant_is_against)
-        self._conclude(record)
+        return self._conclude(record)
 
     def _settle(
         self,

@@ -11,13 +11,16 @@ and exits.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 TIMEOUT_EXIT_CODE = 1
+T = TypeVar("T")
 
 
 class Deadline:
@@ -100,3 +103,32 @@ def deadline(
         yield clock
     finally:
         clock.finish()
+
+
+def doing(stage: str, timing_t0: float, block: tuple[int, float] | None, now: float) -> str:
+    """What a case was doing at its deadline, for the TIMEOUT line: its step; in timing (since `timing_t0`),
+    whether its measurement's blocks were still ending (`block`: how many had, and when the last one did)
+    or none had for over max(1 s, three blocks' mean time), as a call that never returns leaves it."""
+    if stage != "timing":
+        return f"in its {stage}"
+    if block is None:
+        return f"in timing for {now - timing_t0:.1f} s, before its first block ended"
+    blocks, at = block
+    since = now - at
+    if since > max(1.0, 3 * (at - timing_t0) / blocks):
+        return (
+            f"in timing for {now - timing_t0:.1f} s: no block had ended for {since:.1f} s ({blocks} had before "
+            "that), as a call that never returns leaves it"
+        )
+    return (
+        f"in timing for {now - timing_t0:.1f} s, still measuring: {blocks} blocks of its measurement, the last "
+        f"{since:.1f} s ago; a longer --perfguard-case-timeout or a shorter --perfguard-case-budget lets it finish"
+    )
+
+
+def snapshot(value: T) -> T:
+    """A deep copy of what another thread may be writing (a dict it grows mid-copy raises: copy again)."""
+    for _ in range(9):
+        with contextlib.suppress(RuntimeError):
+            return copy.deepcopy(value)
+    return copy.deepcopy(value)

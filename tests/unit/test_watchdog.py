@@ -13,7 +13,7 @@ import pytest
 from pytest_perfguard.record import CaseRecord, Outcome, Status
 from pytest_perfguard.run.runner import Runner
 from pytest_perfguard.run.state import SessionState
-from pytest_perfguard.run.watchdog import Deadline
+from pytest_perfguard.run.watchdog import Deadline, doing
 from pytest_perfguard.settings import Settings
 
 
@@ -78,3 +78,14 @@ def test_without_a_timeout_the_case_keeps_its_record() -> None:
     record = CaseRecord(id="test_k.py::test_x[v-8]", variant="v", outcome=Outcome.PASSED, verdict=Status.PASS)
     runner._conclude(record)
     assert state.records == [record]
+
+
+def test_the_timeout_line_names_the_step_and_tells_a_hang_from_a_measurement() -> None:
+    assert doing("correctness check", 0.0, None, 5.0) == "in its correctness check"
+    assert doing("timing", 10.0, None, 12.5) == "in timing for 2.5 s, before its first block ended"
+    # 100 blocks in 1 s (10 ms each): the last 0.5 s ago is a measurement still running; 1.5 s ago, a hang
+    assert "still measuring: 100 blocks of its measurement, the last 0.5 s ago" in doing("timing", 0.0, (100, 1.0), 1.5)
+    assert "no block had ended for 1.5 s (100 had before that)" in doing("timing", 0.0, (100, 1.0), 2.5)
+    # blocks of 2 s each: a hang only past three of them
+    assert "still measuring" in doing("timing", 0.0, (5, 10.0), 15.0)
+    assert "no block had ended for 6.5 s" in doing("timing", 0.0, (5, 10.0), 16.5)
