@@ -422,11 +422,9 @@ class _Tally:
         self.groups.append(n // size.every if size.every else 0)
 
     def progress(self, n: int, spent_ns: float, cfg: MeasureConfig) -> Progress:
-        """Where the measurement stands after block `n`. The display gets copies of the blocks, as the
-        measurement goes on adding to them, and computes the widest interval only when it draws."""
-        now = {side: list(v) for side, v in self.blocks.items()}
-        widest = partial(_widest, now, list(self.groups), cfg)
-        return Progress(n, spent_ns / 1e9, cfg.budget_s, cfg.target, widest)
+        """Where the measurement stands after block `n`. The display computes the widest interval only when
+        it draws, on the first `n` blocks (blocks are only appended): nothing is copied for a block it skips."""
+        return Progress(n, spent_ns / 1e9, cfg.budget_s, cfg.target, partial(_widest_of, self, n, cfg))
 
     def measurement(
         self,
@@ -490,6 +488,11 @@ def _stop_reason(tally: _Tally, size: _Size, cfg: MeasureConfig, n: int, spent_n
 def _narrow(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfig) -> bool:
     """Every interval the verdict needs is under the target: time, ratio, and head/base."""
     return _widest(blocks, groups, cfg) <= cfg.target
+
+
+def _widest_of(tally: _Tally, n: int, cfg: MeasureConfig) -> float:
+    """`_widest` on a measurement's first `n` blocks."""
+    return _widest({side: v[:n] for side, v in tally.blocks.items()}, tally.groups[:n], cfg)
 
 
 def _widest(blocks: dict[str, list[float]], groups: list[int], cfg: MeasureConfig) -> float:

@@ -107,15 +107,12 @@ class Runner:
         # reference, concluded when the batch has confirmed it (confirm.Batch, conclude_deferred).
         self._deferred: tuple[CaseRecord, Verdict, bool] | None = None
         self._base_unmet: str | None = None  # the base twin's unmet requirement (A/B runs), read when pairing
-        # The timed step while it runs: what it found so far (environment, notes) goes into the record of a
-        # case that raises or times out in it. And its measurement's last block (count, seconds into the
-        # measurement, when it ended): a timeout says whether blocks were still ending or a call never returned.
+        # The timed step while it runs (what it found goes into the record of a case that raises or times out
+        # in it), and its blocks: a timeout says whether they were still ending or a call never returned.
         self._step: TimedStep | None = None
-        # The watchdog's thread keeps a timed-out case's record while this one may still be writing it: the
-        # timeout's record is a copy, and once it is kept this thread adds nothing (`_expire`, `_conclude`).
-        self._ending = threading.Lock()
-        self._expired = False
-        self._block: tuple[int, float] | None = None
+        self._ending = threading.Lock()  # a timeout keeps a copy of the record; then this thread keeps nothing
+        self._expired = False  # (`_expire`, `_conclude`)
+        self._block: tuple[int, float, float] | None = None  # blocks ended, when the first and last did
         self._timing_t0 = 0.0
 
     # ------------------------------------------------------------------------------------------ frame
@@ -146,8 +143,8 @@ class Runner:
         return self._conclude(record) if self._deferred is None else None
 
     def _conclude(self, record: CaseRecord) -> Ending:
-        """The one place a record is kept, and how the item ends (pass, fail or skip: the plugin's pytest
-        side ends it, marker.end_item)."""
+        """The one place a record is kept, and how the item ends (pass, fail or skip: ending.end_item makes
+        pytest's outcome of it)."""
         with self._ending:
             expired = self._expired
             if not expired:
@@ -175,15 +172,16 @@ class Runner:
 
     def _where(self) -> str:
         """What the case was doing when its deadline passed, for the timeout's message (the watchdog's thread)."""
-        return doing(self._stage, self._timing_t0, self._block, time.monotonic())
+        measuring = self._step is not None and self._step.measuring
+        return doing(self._stage, self._timing_t0, self._block, measuring, time.monotonic())
 
     def _keep_found(self, record: CaseRecord) -> None:
         """What the timed step had found when the case raised or timed out in it: its environment and notes."""
         step = self._step
         if step is None:
             return
-        if record.env is None and step.env is not None:
-            record.env = step.env
+        # a timeout right as the step returned may find them kept already: once each
+        record.env = record.env if record.env is not None else step.env
         record.notes = [*record.notes, *(n for n in step.notes if n not in record.notes)]
 
     def _expire(self, record: CaseRecord, message: str) -> None:
@@ -592,7 +590,9 @@ class Runner:
         line = show(self.item.name) if show is not None else None
 
         def on_block(p: Progress) -> None:
-            self._block = (p.blocks, time.monotonic())
+            now = time.monotonic()
+            first = now if p.blocks == 1 or self._block is None else self._block[1]  # each measurement anew
+            self._block = (p.blocks, first, now)
             if line is not None:
                 line(p)
 

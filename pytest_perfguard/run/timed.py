@@ -6,8 +6,9 @@ how it is taken is measure/timing.py's.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -110,6 +111,7 @@ class TimedStep:
         # before the step returns (Runner._keep_found).
         self.env: dict[str, str] | None = None
         self.notes: list[str] = []
+        self.measuring = False  # a measurement is taking blocks (for a timeout's message: Runner._where)
 
     # ------------------------------------------------------------------------- the base revision's twin
 
@@ -188,7 +190,7 @@ class TimedStep:
 
         def take(copies: int | None = None) -> Measurement:
             trial.timed = trial.calls(trial.variant.fn)  # the copies this measurement times, for the checks
-            with self.lock(exclusive=True):
+            with self.lock(exclusive=True), self._measuring():
                 return measure(
                     trial.timed,
                     against,
@@ -202,13 +204,14 @@ class TimedStep:
                 )
 
         # Where the case runs, kept for its record should the measurement raise or hang (its mode, graph or
-        # stream, is known once the first measurement ends, and is written then).
-        self.env = self._env(trial, "unknown: the first measurement had not ended")
+        # stream, is known once the first measurement ends, and is written then, in its place).
+        env = self.env = self._env(trial, "unknown: the first measurement had not ended")
         m = take()
         notes = self.notes
         if isinstance(watch, CpuWatch) and watch.unwatched:
             notes.append(watch.unwatched)
-        env = self.env = self._env(trial, m.mode)
+        if "mode" in env:
+            env["mode"] = m.mode
         self.host = self._host_time(trial, m, against)
         verdict = self._judge(trial, workload, env, m, twin)
         disturbed = list(m.notes)
@@ -231,6 +234,14 @@ class TimedStep:
                 f"never a failure, and never stored as a baseline; time it on a quiet machine{off}"
             )
         return Timed(m, verdict, env, list(notes))
+
+    @contextlib.contextmanager
+    def _measuring(self) -> Iterator[None]:
+        self.measuring = True
+        try:
+            yield
+        finally:
+            self.measuring = False
 
     def _wait_quiet(self, watch: Watch | None) -> str | None:
         """Before a disturbed case is measured again: wait (up to QUIET_WAIT_S) for the GPU's other work to

@@ -105,24 +105,30 @@ def deadline(
         clock.finish()
 
 
-def doing(stage: str, timing_t0: float, block: tuple[int, float] | None, now: float) -> str:
+def doing(stage: str, timing_t0: float, block: tuple[int, float, float] | None, measuring: bool, now: float) -> str:
     """What a case was doing at its deadline, for the TIMEOUT line: its step; in timing (since `timing_t0`),
-    whether its measurement's blocks were still ending (`block`: how many had, and when the last one did)
-    or none had for over max(1 s, three blocks' mean time), as a call that never returns leaves it."""
+    whether a measurement was taking blocks (`block`: how many of its blocks had ended, when the first and
+    the last did) or none had ended for over max(1 s, three times its blocks' mean time), as a call that
+    never returns leaves it; or that it was between measurements (`measuring` false)."""
     if stage != "timing":
         return f"in its {stage}"
+    head = f"in timing for {now - timing_t0:.1f} s"
     if block is None:
-        return f"in timing for {now - timing_t0:.1f} s, before its first block ended"
-    blocks, at = block
-    since = now - at
-    if since > max(1.0, 3 * (at - timing_t0) / blocks):
+        return f"{head}, before its first block ended" if measuring else f"{head}, before its first measurement"
+    blocks, first, last = block
+    since = now - last
+    if not measuring:
+        return f"{head}, between measurements: the last of {blocks} blocks ended {since:.1f} s ago"
+    # The first block's time holds the measurement's set-up (captures, warm-up): the mean is taken after it.
+    mean = (last - first) / (blocks - 1) if blocks > 1 else last - timing_t0
+    if since > max(1.0, 3 * mean):
         return (
-            f"in timing for {now - timing_t0:.1f} s: no block had ended for {since:.1f} s ({blocks} had before "
-            "that), as a call that never returns leaves it"
+            f"{head}: no block had ended for {since:.1f} s ({blocks} had before that), as a call that never "
+            "returns leaves it"
         )
     return (
-        f"in timing for {now - timing_t0:.1f} s, still measuring: {blocks} blocks of its measurement, the last "
-        f"{since:.1f} s ago; a longer --perfguard-case-timeout or a shorter --perfguard-case-budget lets it finish"
+        f"{head}, still measuring: {blocks} blocks of its measurement, the last {since:.1f} s ago; a longer "
+        "--perfguard-case-timeout or a shorter --perfguard-case-budget lets it finish"
     )
 
 

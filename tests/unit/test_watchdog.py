@@ -81,11 +81,20 @@ def test_without_a_timeout_the_case_keeps_its_record() -> None:
 
 
 def test_the_timeout_line_names_the_step_and_tells_a_hang_from_a_measurement() -> None:
-    assert doing("correctness check", 0.0, None, 5.0) == "in its correctness check"
-    assert doing("timing", 10.0, None, 12.5) == "in timing for 2.5 s, before its first block ended"
-    # 100 blocks in 1 s (10 ms each): the last 0.5 s ago is a measurement still running; 1.5 s ago, a hang
-    assert "still measuring: 100 blocks of its measurement, the last 0.5 s ago" in doing("timing", 0.0, (100, 1.0), 1.5)
-    assert "no block had ended for 1.5 s (100 had before that)" in doing("timing", 0.0, (100, 1.0), 2.5)
+    assert doing("correctness check", 0.0, None, False, 5.0) == "in its correctness check"
+    assert doing("timing", 10.0, None, True, 12.5) == "in timing for 2.5 s, before its first block ended"
+    # 101 blocks, one every 10 ms after the first: the last 0.5 s ago is a measurement still running; 1.5 s, a hang
+    assert "still measuring: 101 blocks of its measurement, the last 0.5 s ago" in doing(
+        "timing", 0.0, (101, 0.0, 1.0), True, 1.5
+    )
+    assert "no block had ended for 1.5 s (101 had before that)" in doing("timing", 0.0, (101, 0.0, 1.0), True, 2.5)
     # blocks of 2 s each: a hang only past three of them
-    assert "still measuring" in doing("timing", 0.0, (5, 10.0), 15.0)
-    assert "no block had ended for 6.5 s" in doing("timing", 0.0, (5, 10.0), 16.5)
+    assert "still measuring" in doing("timing", 0.0, (5, 2.0, 10.0), True, 15.0)
+    assert "no block had ended for 6.5 s" in doing("timing", 0.0, (5, 2.0, 10.0), True, 16.5)
+    # 20 s of set-up before the first block (captures, warm-up), then blocks of 10 ms: the set-up does not
+    # make a hang 2 s later read as a measurement still running
+    assert "no block had ended for 2.0 s (11 had before that)" in doing("timing", 0.0, (11, 20.0, 20.1), True, 22.1)
+    # between two measurements (the eager call's timing, a wait for a quiet GPU) it is neither
+    assert doing("timing", 0.0, (11, 20.0, 20.1), False, 22.1) == (
+        "in timing for 22.1 s, between measurements: the last of 11 blocks ended 2.0 s ago"
+    )

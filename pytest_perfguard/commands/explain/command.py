@@ -66,7 +66,7 @@ def default_against(top: Path, results: ResultsFile | None = None) -> str:
         recorded = results.info.base_sha or next(
             (r.ab.sha for r in results.results if r.ab is not None and r.ab.sha is not None), None
         )
-        if isinstance(recorded, str) and recorded:
+        if recorded:
             return recorded
     env: str | None = from_env("against")
     if env:
@@ -274,7 +274,7 @@ def _note_head(results: ResultsFile, cwd: Path) -> None:
     """Say so when the working tree is not the commit the results file measured: head is profiled as it is."""
     measured = results.info.git_sha
     now = git(cwd, "rev-parse", "HEAD", check=False)
-    if isinstance(measured, str) and measured and now and now != measured:
+    if measured and now and now != measured:
         print(
             f"perfguard explain: note: {results.path} measured {measured[:12]}, the working tree is at {now[:12]}; "
             f"head is profiled as the working tree is (git checkout {measured[:12]} to profile what the run measured)"
