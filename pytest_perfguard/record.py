@@ -368,6 +368,7 @@ class CaseRecord:
     correctness: Correctness | None = None
     env: dict[str, str] | None = None
     # timing
+    device: str | None = None  # what it was timed on: the GPU's UUID, or the host's CPU model (state.device_id)
     median_ns: float | None = None
     ci_ns: Interval | None = None
     ci_rel: float | None = None

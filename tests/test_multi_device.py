@@ -302,8 +302,66 @@ def test_an_updates_cases_are_split_over_its_gpus_by_their_time_in_the_given_ord
     assert split_cases(order, weights, ["cuda:0", "cuda:1"]) == [("cuda:0", ["b"]), ("cuda:1", ["a", "c", "d", "e"])]
     assert split_cases(order[::-1], {}, ["cuda:0", "cuda:1"]) == [("cuda:0", ["e", "c", "a"]), ("cuda:1", ["d", "b"])]
     assert split_cases(order, weights, ["cuda:0"]) == [(None, order)]  # one GPU: one process, the run's device
-    assert split_cases(["a"], weights, ["cuda:0", "cuda:1"]) == [(None, ["a"])]
+    assert split_cases(["a"], weights, ["cuda:0", "cuda:1"]) == [("cuda:0", ["a"])]
     assert split_cases(["a", "b"], weights, ["cuda:0", "cuda:1", "cuda:2"]) == [("cuda:0", ["b"]), ("cuda:1", ["a"])]
+
+
+def test_an_updates_cases_go_first_to_the_gpus_they_were_not_measured_on() -> None:
+    """A case whose processes all ran on one GPU of a host is judged on the other one too, where GPUs of one
+    model read apart by more than its stored spread (verdict._unseen_device): each goes first to a GPU it has
+    not been on, the least loaded of those, then by load alone once it has been on every one."""
+    order, weights, devices, names = ["a", "b", "c", "d"], {"a": 4.0}, ["cuda:0", "cuda:1"], ["G0", "G1"]
+    seen = {"a": {"G0"}, "b": {"G0"}, "c": {"G0"}, "d": {"G1"}}
+    assert split_cases(order, weights, devices, seen, names) == [("cuda:0", ["d"]), ("cuda:1", ["a", "b", "c"])]
+    both = {c: {"G0", "G1"} for c in order}  # on both already: by load, as without `seen`
+    assert split_cases(order, weights, devices, both, names) == split_cases(order, weights, devices)
+    assert split_cases(["a"], weights, devices, {"a": {"G0"}}, names) == [("cuda:1", ["a"])]
+
+
+def test_an_updates_processes_on_two_gpus_measure_every_case_on_both_and_store_where_each_ran(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stored samples name the GPU each process timed the case on (its record's), not the controller's;
+    and three processes on a two-GPU host put every case on both GPUs, wherever the first one ran it. Before,
+    every sample named one GPU and a case's further processes went to the same GPU each round: a guard on the
+    other GPU judged it on a GPU the baseline "never ran on" and left it unverified, failing CI."""
+    from pytest_perfguard.record import CaseRecord, Outcome
+    from pytest_perfguard.run import update as upd
+    from pytest_perfguard.run.state import RunSummary, SessionState
+    from pytest_perfguard.settings import Settings
+
+    monkeypatch.setattr(upd, "gpu_id", lambda device: "GPU-" + device.partition(":")[2])
+
+    made = iter(range(1000))
+
+    def timed(case_id: str, device: str) -> CaseRecord:
+        t = 1000.0 + next(made) % 3  # processes that agree, as quiet ones do
+        return CaseRecord(
+            id=case_id, outcome=Outcome.PASSED, median_ns=t, ci_ns=(t - 5, t + 5), ci_rel=0.005, device=device
+        )
+
+    runs: list[tuple[str, list[str]]] = []
+
+    def fresh_cases(ids: list[str], settings: Settings) -> object:
+        runs.append((settings.device, ids))
+        return lambda: {c: timed(c, "GPU-" + settings.device.partition(":")[2]) for c in ids}
+
+    state = SessionState(settings=Settings(update=True, update_processes=3, ab_offset_fit=False))
+    state.fresh_cases, state.fresh_devices = fresh_cases, ["cuda:0", "cuda:1"]  # type: ignore[assignment]
+    first = [timed(f"t::c{i}", "GPU-0" if i < 3 else "GPU-1") for i in range(4)]  # the workers' first process
+    got = upd.process_samples(state, first, RunSummary())
+    assert got is not None and got[1] == {}
+    samples = got[0]
+    on = {c: [x.device for x in s] for c, s in samples.items()}
+    # the second process on the GPU the first was not on; the third by load, each case on both GPUs by then
+    assert {c: d[:2] for c, d in on.items()} == {
+        "t::c0": ["GPU-0", "GPU-1"],
+        "t::c1": ["GPU-0", "GPU-1"],
+        "t::c2": ["GPU-0", "GPU-1"],
+        "t::c3": ["GPU-1", "GPU-0"],
+    }, runs
+    assert all(len(d) == 3 for d in on.values()), on
+    assert len(runs) == 4  # two rounds, two GPUs each
 
 
 @pytest.mark.slow

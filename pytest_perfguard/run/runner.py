@@ -40,7 +40,7 @@ from ..record import AbComparison, CaseRecord, Outcome, Status
 from .checks import IntegrityChecks, capture_error
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .ending import Ending
-from .state import SessionState
+from .state import SessionState, device_id
 from .timed import TimedStep, engine_bindings, note_unchecked_faster, timer_for
 from .watchdog import Deadline, deadline, doing, snapshot
 from .workload import (
@@ -387,7 +387,7 @@ class Runner:
                 group_ratios=[round(x, 6) for x in m.ab_ratios()],
                 groups=m.groups,
             )
-        record.updated = date.today().isoformat()
+        record.updated, record.device = date.today().isoformat(), device_id(self.state)
         record.outcome = Outcome.PASSED
 
     @staticmethod

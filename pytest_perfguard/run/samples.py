@@ -21,7 +21,8 @@ def aa_reading(r: CaseRecord) -> tuple[float, tuple[float, float]] | None:
 
 
 def sample_of(r: CaseRecord, device: str = "") -> bl.ProcessSample:
-    """What one process measured of a case, as a baseline entry keeps it (with its A/A reading, if any)."""
+    """What one process measured of a case, as a baseline entry keeps it (with its A/A reading, if any), on
+    the device its record names (``device`` for a record that names none)."""
     assert r.median_ns is not None and r.ci_ns is not None
     ratio = float(r.ratio) if r.ratio is not None else None
     aa = aa_reading(r)
@@ -30,7 +31,7 @@ def sample_of(r: CaseRecord, device: str = "") -> bl.ProcessSample:
         ci_ns=(min(float(r.ci_ns[0]), float(r.median_ns)), max(float(r.ci_ns[1]), float(r.median_ns))),
         ratio=ratio,
         against_ns=float(r.median_ns) / ratio if ratio else None,
-        device=device,
+        device=r.device or device,
         date=str(r.updated or date.today().isoformat()),
         blocks=int(r.blocks or 0),
         host_ns=r.host_ns,

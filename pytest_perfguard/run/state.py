@@ -155,10 +155,14 @@ def baseline_file(state: SessionState) -> Path:
 
 def device_id(state: SessionState) -> str:
     """What a process sample names its device by: the GPU's UUID, or the host's CPU model."""
-    if state.kind == "cuda":
-        gpus, index = cuda_gpus(), device_index(state.settings.device)
-        return gpus[index].uuid if index < len(gpus) else state.settings.device
-    return cpu_model()
+    return gpu_id(state.settings.device) if state.kind == "cuda" else cpu_model()
+
+
+def gpu_id(device: str) -> str:
+    """A CUDA device ("cuda:N", this process's numbering) by its GPU's UUID, as `device_id` names it; the
+    string itself where no GPU of that index is visible."""
+    gpus, index = cuda_gpus(), device_index(device)
+    return gpus[index].uuid if index < len(gpus) else device
 
 
 @dataclass

@@ -28,7 +28,7 @@ from ..judge.policy import (
 from ..record import CaseRecord, Gate, Outcome, Status
 from ..settings import Settings, shown
 from .samples import entry_of, sample_of
-from .state import RunSummary, SessionState, baseline_file, device_id
+from .state import RunSummary, SessionState, baseline_file, device_id, gpu_id
 
 
 def recordable(r: CaseRecord) -> bool:
@@ -186,7 +186,8 @@ def process_samples(
     if not good or s.update_processes <= 1 or state.fresh_cases is None:
         return samples, {}
     ids = [r.id for r in good]
-    fresh = FreshProcesses(state, out, *_aa_settings(state), weights={r.id: r.elapsed_s or 1.0 for r in good})
+    weights = {r.id: r.elapsed_s or 1.0 for r in good}
+    fresh = FreshProcesses(state, out, *_aa_settings(state), weights=weights, samples=samples)
     missing = _further_processes(fresh, ids, samples, widths, dev)
     if missing:
         missing = _make_up(fresh, missing, samples, widths, dev)
@@ -273,18 +274,22 @@ class FreshProcesses:
     fresh process on each GPU at once, the parts balanced by ``weights`` (each case's timing seconds in the
     first process, elapsed_s: its whole time there would count one-time costs, such as a worker's first
     case of a CUDA extension, 26-30 s on an H100): a host's every GPU serves the update as it served the
-    run."""
+    run. Each case goes first to a GPU none of its ``samples`` so far was measured on: a guard on that host
+    judges it on any of them, and GPUs of one model differ in time (verdict._unseen_device)."""
 
     state: SessionState
     out: RunSummary
     aa: Settings | None
     no_aa: str
     weights: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, list[bl.ProcessSample]] = field(default_factory=dict)
 
     def run(self, order: list[str], what: str) -> dict[str, CaseRecord] | None:
         """One fresh process over these cases, in this order (or one per GPU, each over its part of them, in
         this order): their records, or None (with an error)."""
-        parts = split_cases(order, self.weights, self.state.fresh_devices)
+        seen = {case_id: {x.device for x in self.samples.get(case_id, ())} for case_id in order}
+        devices = self.state.fresh_devices
+        parts = split_cases(order, self.weights, devices, seen, [gpu_id(d) for d in devices])
         where = "" if len(parts) == 1 else " in parallel: " + ", ".join(f"{len(ids)} on {dev}" for dev, ids in parts)
         print(f"perfguard: {what}: {len(order)} case(s){where}", file=sys.stderr, flush=True)
         got = self._parts(parts, self.aa or self.state.settings)
@@ -315,17 +320,26 @@ class FreshProcesses:
 
 
 def split_cases(
-    order: list[str], weights: dict[str, float], devices: Sequence[str]
+    order: list[str],
+    weights: dict[str, float],
+    devices: Sequence[str],
+    seen: dict[str, set[str]] | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[tuple[str | None, list[str]]]:
     """These cases over these devices, each part in the given order: the longest case first to the device
-    with the least work so far (weights: seconds; 1 where unknown). One part, on no device of its own, where
-    there are fewer than two devices or cases; a device left without cases gets no part."""
-    if len(devices) < 2 or len(order) < 2:
+    with the least work so far (weights: seconds; 1 where unknown) among those it has not been measured on
+    (``seen``: each case's devices, by ``names``, one per device; all of them where it has been on every
+    one). One part, on no device of its own, where there are fewer than two devices; a device left without
+    cases gets no part."""
+    if len(devices) < 2:
         return [(None, list(order))]
+    names = list(names) if names is not None else list(devices)
     load = dict.fromkeys(range(len(devices)), 0.0)
     home: dict[str, int] = {}
     for case_id in sorted(order, key=lambda c: -weights.get(c, 1.0)):
-        home[case_id] = gpu = min(load, key=lambda g: (load[g], g))
+        been = (seen or {}).get(case_id, set())
+        new = [g for g in load if names[g] not in been] or list(load)
+        home[case_id] = gpu = min(new, key=lambda g: (load[g], g))
         load[gpu] += weights.get(case_id, 1.0)
     parts = [(dev, [c for c in order if home[c] == g]) for g, dev in enumerate(devices)]
     return [(dev, ids) for dev, ids in parts if ids]
