@@ -33,6 +33,7 @@ from .run.state import (
 )
 
 if TYPE_CHECKING:
+    from .run.caseitem import CaseItem
     from .run.item import ItemRun
 
 
@@ -205,7 +206,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return lines
 
 
-def _flush_on_timeout(config: pytest.Config, message: str, item: pytest.Item) -> None:
+def _flush_on_timeout(config: pytest.Config, message: str, item: CaseItem) -> None:
     """The hung-kernel exit path: say so past pytest's output capture and write what the run has so far;
     then the watchdog ends the process. A worker sends the case's failure (and its record) to the
     controller first, which starts a fresh worker for the remaining cases."""
@@ -218,7 +219,7 @@ def _flush_on_timeout(config: pytest.Config, message: str, item: pytest.Item) ->
 
     abandon_batch(config, "the session ended on a timeout before the batch confirmation")  # records kept
     if role_of(config).worker:
-        xd.send_timeout(config, item, message)
+        xd.send_timeout(config, item.nodeid, item.location, message)
         return
     state = state_of(config)
     summary = finish(state, list(state.records), collected_ids=None)
@@ -254,10 +255,11 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def perfguard_runner(request: pytest.FixtureRequest) -> ItemRun:
     """Runs the current perf item (used by @perf_case; not meant to be requested directly)."""
+    from .run.caseitem import CaseItem
     from .run.item import ItemRun
     from .run.runner import Runner
 
-    return ItemRun(Runner(state_of(request.config), request.node))
+    return ItemRun(Runner(state_of(request.config), CaseItem.of(request.node)))
 
 
 @pytest.fixture
@@ -284,7 +286,7 @@ def _skipped_before_the_case(item: pytest.Item, report: pytest.TestReport) -> No
     variant = callspec.params.get(VARIANT_ARG) if callspec is not None else None
     if variant is None or STATE not in item.config.stash:
         return
-    from .run.workload import display_params  # imports torch: not at the plugin's import (pytest --help)
+    from .run.caseitem import display_params
 
     longrepr = report.longrepr
     reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else "skipped"

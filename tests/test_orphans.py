@@ -19,6 +19,7 @@ pytest_plugins = ["pytester"]
 
 OUTER = """
 import os, time
+from pytest_perfguard.run.caseitem import CaseItem
 from pytest_perfguard.run.fresh import run_fresh
 from pytest_perfguard.settings import Settings
 
@@ -33,7 +34,7 @@ def test_outer(request):
         os.replace({marker!r} + ".tmp", {marker!r})
         time.sleep(120)
     else:
-        run_fresh(request.node, Settings(), 300)
+        run_fresh(CaseItem.of(request.node), Settings(), 300)
 """
 
 

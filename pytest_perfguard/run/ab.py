@@ -40,6 +40,7 @@ from ..marker import MARK_NAME, PerfCase, Variant
 from ..record import Status
 from ..settings import BY_NAME, Settings, convert, resolve
 from .basetree import DEFAULT_CACHE_DAYS, materialise
+from .caseitem import CaseItem
 
 PLUGIN_PACKAGE = "pytest_perfguard"
 
@@ -140,16 +141,15 @@ class BaseTree:
 
     # ------------------------------------------------------------------------------------- twins
 
-    def twin(self, item: pytest.Item, variant_name: str) -> Twin:
-        module = self.module_for(Path(str(item.path)))
+    def twin(self, item: CaseItem, variant_name: str) -> Twin:
+        module = self.module_for(item.path)
         if isinstance(module, str):
             status = Status.NEW if module.startswith("new:") else Status.NO_BASE
             return Twin(status, module)
         owner: Any = module
-        cls = getattr(item, "cls", None)
-        if cls is not None:
-            owner = getattr(module, cls.__name__, None)
-        name = getattr(item, "originalname", item.name)
+        if item.class_name is not None:
+            owner = getattr(module, item.class_name, None)
+        name = item.test
         fn = getattr(owner, name, None) if owner is not None else None
         if fn is None:
             return Twin(Status.NEW, f"new: {name} does not exist at {self.rev}")

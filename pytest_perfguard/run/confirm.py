@@ -51,6 +51,7 @@ from .role import role_of
 
 if TYPE_CHECKING:
     from ..judge.baseline import BaselineEntry
+    from .caseitem import CaseItem
     from .state import SessionState
     from .watchdog import Deadline
 
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 class CaseRun(Protocol):
     """What a confirmation needs of the runner of the case it confirms."""
 
-    item: pytest.Item
+    item: CaseItem
     state: SessionState
 
     timing_s: float  # what measuring the case took in this process (a batch's bound is made of these)
@@ -308,6 +309,7 @@ class _Waiting:
 
     run: CaseRun
     verdict: Verdict
+    item: pytest.Item  # the pytest item its reports are made and logged for
     reports: list[pytest.TestReport] = field(default_factory=list)
 
 
@@ -326,7 +328,7 @@ class Batch:
     def __init__(self, config: pytest.Config, state: SessionState) -> None:
         self.config = config
         self.state = state
-        self.running = ""  # the item under this protocol now: only its regression can wait
+        self.running: pytest.Item | None = None  # the item under this protocol now: only its regression can wait
         self.waiting: dict[str, _Waiting] = {}
 
     @classmethod
@@ -344,9 +346,9 @@ class Batch:
 
     def take(self, run: CaseRun, verdict: Verdict) -> bool:
         """Hold this regression for the batch: True when its item runs under this protocol."""
-        if run.item.nodeid != self.running:
+        if self.running is None or run.item.nodeid != self.running.nodeid:
             return False
-        self.waiting[run.item.nodeid] = _Waiting(run, verdict)
+        self.waiting[run.item.nodeid] = _Waiting(run, verdict, self.running)
         return True
 
     def _holds(self, item: pytest.Item) -> bool:
@@ -364,11 +366,11 @@ class Batch:
         if not self._holds(item):
             return None
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        self.running = item.nodeid
+        self.running = item
         try:
             reports = runtestprotocol(item, log=False, nextitem=nextitem)
         finally:
-            self.running = ""
+            self.running = None
         held = self.waiting.get(item.nodeid)
         if held is None:
             _log(item, reports)
@@ -457,7 +459,7 @@ class Batch:
     def _conclude(self, w: _Waiting, confirmation: Confirmation, *, log: bool = True) -> None:
         """The case's end with its confirmation, made in place of its call phase; then its reports logged,
         the call report made again from that end."""
-        item = w.run.item
+        item = w.item
         call = pytest.CallInfo.from_call(
             lambda: end_item(w.run.conclude_deferred(confirmation)),
             when="call",

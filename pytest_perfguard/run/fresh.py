@@ -21,6 +21,7 @@ from ..record import CaseRecord, Confirmed
 from ..report.results import ResultsError, read_results
 from ..report.writers import PATH_SETTINGS
 from ..settings import BY_NAME, Settings
+from .caseitem import CaseItem
 from .cleanup import CONFIRM_PREFIX, die_with_parent
 from .role import ALONE_ENV, CHILD_ENV, UPDATE_PROCESS_ENV, role_of
 
@@ -37,7 +38,7 @@ def _plugin_args(config: pytest.Config) -> list[str]:
     return out
 
 
-def run_fresh(item: pytest.Item, settings: Settings, timeout_s: float | None) -> CaseRecord | str:
+def run_fresh(item: CaseItem, settings: Settings, timeout_s: float | None) -> CaseRecord | str:
     """Run `item` alone in a new process with these settings; its record, or why there is none."""
     got = start_fresh_cases(item.config, [item.nodeid], settings, timeout_s).result()
     if isinstance(got, str):

@@ -23,7 +23,6 @@ from dataclasses import replace
 from datetime import date
 from typing import Any
 
-import pytest
 import torch
 
 from ..judge.baseline import BaselineEntry
@@ -37,6 +36,7 @@ from ..measure.device import incomparable, lock_name, manual_seed
 from ..measure.hosttime import HostTime
 from ..measure.timing import Measurement, Progress
 from ..record import AbComparison, CaseRecord, Outcome, Status
+from .caseitem import CaseItem
 from .checks import IntegrityChecks, capture_error
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .ending import Ending
@@ -47,7 +47,6 @@ from .workload import (
     Trial,
     count,
     describe_workload,
-    display_params,
     draw_seeds,
     finite,
     input_bytes,
@@ -94,7 +93,7 @@ def gpu_diagnostics() -> str:
 class Runner:
     """The `perfguard_runner` fixture's value: runs the item it belongs to."""
 
-    def __init__(self, state: SessionState, item: pytest.Item) -> None:
+    def __init__(self, state: SessionState, item: CaseItem) -> None:
         self.state = state
         self.item = item
         self._clock: Deadline = Deadline(0.0)
@@ -123,10 +122,7 @@ class Runner:
         """The case's steps, its record kept, and how its item ends; None while its regression waits for the
         batch confirmation, which ends it after the session's last case (`conclude_deferred`)."""
         record = CaseRecord(
-            id=self.item.nodeid,
-            test=getattr(self.item, "originalname", self.item.name),
-            variant=variant_name,
-            params=display_params(self.item),
+            id=self.item.nodeid, test=self.item.test, variant=variant_name, params=dict(self.item.params)
         )
         timeout = self.state.settings.case_timeout
         with deadline(timeout, self.item.nodeid, lambda m: self._expire(record, m), self._where) as clock:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..measure.timing import Progress
     from ..measure.torchstate import Snapshot
     from .ab import BaseTree
+    from .caseitem import CaseItem
 
 
 # Verdicts of a timed case that compared it with nothing.
@@ -53,7 +54,7 @@ class SessionState:
     deciding_spent_s: float = 0.0  # seconds spent measuring undecided cases again (timed._decide_more)
     poisoned_by: str | None = None
     confirmations: int = 0
-    on_timeout: Callable[[str, pytest.Item], None] | None = None  # set by the plugin: flush results before the exit
+    on_timeout: Callable[[str, CaseItem], None] | None = None  # set by the plugin: flush results before the exit
     base: BaseTree | None = None  # the base revision's tree under --perfguard-against
     rootdir: Path = field(default_factory=Path.cwd)
     # set by the plugin: case name -> the live progress line's per-block callback (progress.py), or None

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pytest
 import torch
 
 from ..judge import baseline as bl
@@ -43,6 +42,7 @@ from ..measure.timing import (
 )
 from ..record import Status
 from .ab import Twin, base_arguments
+from .caseitem import CaseItem
 from .checks import DeviceLock, machine_watch
 from .state import SessionState, device_id
 from .workload import Trial, describe_workload, input_bytes, normalize_inputs
@@ -97,7 +97,7 @@ class TimedStep:
     def __init__(
         self,
         state: SessionState,
-        item: pytest.Item,
+        item: CaseItem,
         lock: DeviceLock,
         on_progress: Callable[[Progress], None] | None,
     ) -> None:

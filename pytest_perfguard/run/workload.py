@@ -12,14 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 import torch
 
-from ..marker import VARIANT_ARG, PerfCase, Variant
+from ..marker import PerfCase, Variant
 from ..measure import integrity
 from ..measure.correctness import Inputs, Oracle
 from ..measure.timers import Call
-from ..record import Param
 
 
 def normalize_inputs(value: Any, test_name: str) -> Inputs:
@@ -81,14 +79,6 @@ def count(what: str, fn: Callable[..., float] | None, params: dict[str, Any]) ->
         return float(fn(**{k: params[k] for k in names if k in params}))
     except Exception as exc:
         raise TypeError(f"{what} callable failed with the test parameters {sorted(params)}: {exc}") from exc
-
-
-def display_params(item: pytest.Item) -> dict[str, Param]:
-    """The item's parameters as the record shows them: plain values, anything else by its repr."""
-    callspec = getattr(item, "callspec", None)
-    raw = dict(callspec.params) if callspec is not None else {}
-    raw.pop(VARIANT_ARG, None)
-    return {k: v if isinstance(v, int | float | str | bool) or v is None else repr(v) for k, v in raw.items()}
 
 
 def finite(x: float | None) -> float | None:

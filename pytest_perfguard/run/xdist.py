@@ -69,10 +69,10 @@ def exit_if_poisoned(item: pytest.Item) -> None:
     os._exit(WORKER_POISONED_EXIT)
 
 
-def send_timeout(config: pytest.Config, item: pytest.Item, message: str) -> None:
+def send_timeout(config: pytest.Config, nodeid: str, location: tuple[str, int | None, str], message: str) -> None:
     """A worker's hung case: report its failure (and its record) to the controller before the exit."""
     report = pytest.TestReport(
-        nodeid=item.nodeid, location=item.location, keywords={}, outcome="failed", longrepr=message, when="call"
+        nodeid=nodeid, location=location, keywords={}, outcome="failed", longrepr=message, when="call"
     )
     attach_records(config, report)
     config.hook.pytest_runtest_logreport(report=report)

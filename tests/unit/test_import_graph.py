@@ -352,3 +352,53 @@ def test_every_name_research_lists_is_there() -> None:
 
     research = importlib.import_module(f"{ROOT}.research")
     assert [name for name in research.__all__ if not hasattr(research, name)] == []
+
+
+# The case's steps and what they call: pytest is not among their imports. The adapter (plugin.py, run/item.py,
+# run/ending.py, confirm.Batch) makes a `CaseItem` of the item and pytest's outcome of the runner's `Ending`.
+APART_FROM_PYTEST = (
+    "run/runner.py",
+    "run/timed.py",
+    "run/checks.py",
+    "run/workload.py",
+    "run/watchdog.py",
+    "measure",
+    "judge",
+)
+
+
+def pytest_imports(paths: Sequence[Path]) -> list[str]:
+    """Every import of pytest (or its private `_pytest`) in these files, at any level, with its line."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            if any(name.split(".")[0] in ("pytest", "_pytest") for name in names):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def _files(package: Path, where: Sequence[str]) -> list[Path]:
+    out: list[Path] = []
+    for part in where:
+        path = package / part
+        out.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    return out
+
+
+def test_the_cases_steps_import_no_pytest() -> None:
+    files = _files(PACKAGE, APART_FROM_PYTEST)
+    assert all(f.is_file() for f in files) and len(files) > 20, files
+    assert not pytest_imports(files), "pytest imported by the case's steps: " + ", ".join(pytest_imports(files))
+
+
+def test_an_import_of_pytest_in_a_step_is_found(tmp_path: Path) -> None:
+    step = tmp_path / "step.py"
+    step.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from _pytest.nodes import Item\n")
+    assert pytest_imports([step]) == ["step.py:3"]
+    step.write_text("def f():\n    import pytest\n    return pytest\n")
+    assert pytest_imports([step]) == ["step.py:2"]
+    step.write_text("from . import pytest_like\nimport pytest_perfguard\n")
+    assert pytest_imports([step]) == []

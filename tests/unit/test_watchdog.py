@@ -5,16 +5,28 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
+from pathlib import Path
 from typing import cast
 
 import pytest
 
 from pytest_perfguard.record import CaseRecord, Outcome, Status
+from pytest_perfguard.run.caseitem import CaseItem
 from pytest_perfguard.run.runner import Runner
 from pytest_perfguard.run.state import SessionState
 from pytest_perfguard.run.watchdog import Deadline, doing
 from pytest_perfguard.settings import Settings
+
+_ITEM = CaseItem(
+    "test_k.py::test_x[v-8]",
+    "test_x[v-8]",
+    "test_x",
+    Path("test_k.py"),
+    None,
+    ("test_k.py", 1, "test_x[v-8]"),
+    {},
+    cast(pytest.Config, None),  # a confirmation's: none here
+)
 
 
 def _expires(clock: Deadline) -> threading.Event:
@@ -57,7 +69,7 @@ def test_a_timeout_keeps_the_record_as_it_stood_and_the_case_keeps_nothing_after
     state = SessionState(settings=Settings())
     said: list[str] = []
     state.on_timeout = lambda message, item: said.append(message)
-    runner = Runner(state, cast(pytest.Item, SimpleNamespace(nodeid="test_k.py::test_x[v-8]", name="test_x[v-8]")))
+    runner = Runner(state, _ITEM)
     record = CaseRecord(id="test_k.py::test_x[v-8]", variant="v", notes=["found before the timeout"])
     runner._expire(record, "TIMEOUT: test_k.py::test_x[v-8] ran longer than 3s")
     # the case's thread goes on: its measurement ends and it writes the figures and a pass
@@ -74,7 +86,7 @@ def test_a_timeout_keeps_the_record_as_it_stood_and_the_case_keeps_nothing_after
 
 def test_without_a_timeout_the_case_keeps_its_record() -> None:
     state = SessionState(settings=Settings())
-    runner = Runner(state, cast(pytest.Item, SimpleNamespace(nodeid="test_k.py::test_x[v-8]", name="test_x[v-8]")))
+    runner = Runner(state, _ITEM)
     record = CaseRecord(id="test_k.py::test_x[v-8]", variant="v", outcome=Outcome.PASSED, verdict=Status.PASS)
     runner._conclude(record)
     assert state.records == [record]
