@@ -174,6 +174,12 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+# The grid under the interpreter: every case but the two-batch ones at S 113 and 128, which cost 17.5 of its
+# 36.6 s of CPU (one core, 2026-11-29) and take no path the others do not: the batch offset is taken by the
+# two-batch cases at S 1 and 16 with the default tiles, and at S 113 by EXTRA's with explicit ones.
+INTERPRETED: list[tuple[Case, Cfg]] = [(c, None) for c in CASES if c[0] == 1 or c[2] < 113] + EXTRA
+
+
 def _triton_key(case: Case, config: Cfg) -> str:
     if not config:
         return case_id(case)
@@ -191,7 +197,7 @@ TritonRun = dict[str, Any]  # "seed", "outs" (key -> (output, inputs untouched))
 def _run_interpreter_child(path: Path) -> None:
     """Every Triton case, and the growing-scores rows, in one interpreter subprocess (one import of torch
     and triton for both tests), saved to ``path``; or why triton_flash cannot run, beside it."""
-    cases = [(case, None) for case in CASES] + EXTRA
+    cases = INTERPRETED
     spec = {
         "seed": SEED,
         "path": str(path),
@@ -234,7 +240,7 @@ def triton_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "config"),
-    [(c, None) for c in CASES] + EXTRA,
+    INTERPRETED,
     ids=lambda x: case_id(x) if isinstance(x, tuple) and len(x) == 6 else str(x),
 )
 def test_triton_flash_interpreter_matches_float64(triton_run: TritonRun, case: Case, config: Cfg) -> None:
