@@ -127,18 +127,25 @@ def moderated_spread(spread: float, k: int, prior: float, prior_dof: int = PRIOR
     Three processes give an sd with 2 degrees of freedom, and t(2, 0.99) = 6.96 would put every threshold
     at 8 times the spread. The cases of one file share most of their between-process noise (the machine,
     the driver, the process start), so each case borrows strength from the others, as limma's moderated t
-    does; a case noisier than the rest still raises its own threshold."""
-    if prior <= 0 or prior_dof <= 0:
+    does; a case noisier than the rest still raises its own threshold. A prior of 0 is a file whose
+    processes read alike; NO_PRIOR, one with no entry of two processes: then the case's own spread stands."""
+    if math.isnan(prior) or prior_dof <= 0:
         return spread, k - 1
     dof = k - 1 + prior_dof
     return math.sqrt(((k - 1) * spread**2 + prior_dof * prior**2) / dof), dof
 
 
+# A file with no entry of two processes has no typical spread (moderated_spread). Not 0: a file whose
+# processes read exactly alike has one, and without it a case's 2 degrees of freedom put its threshold far
+# above that of a case whose processes differ a little (an update measured such cases once more).
+NO_PRIOR = math.nan
+
+
 def prior_spread(spreads: Sequence[float]) -> float:
     """The typical between-process sd of a file's sampled entries: their median (robust to a few noisy
-    cases); 0 when no entry has two processes."""
+    cases); NO_PRIOR when no entry has two processes."""
     values = [x for x in spreads if math.isfinite(x)]
-    return _median(values) if values else 0.0
+    return _median(values) if values else NO_PRIOR
 
 
 def detectable_margin(spread: float, k: int, half_width: float, noise_floor: float) -> float:
@@ -179,7 +186,7 @@ def sample_threshold(
     k: int,
     noise_floor: float,
     noise_k: float = NOISE_K,
-    prior: float = 0.0,
+    prior: float = NO_PRIOR,
     half_width: float | None = None,
 ) -> float:
     """The threshold (a fraction) of an entry of k process medians with between-process sd ``spread``: the
@@ -204,7 +211,7 @@ def log_spread(values: Sequence[float]) -> float:
     return math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
 
 
-def medians_threshold(margin: float, medians: Sequence[float], noise_floor: float, prior: float = 0.0) -> float:
+def medians_threshold(margin: float, medians: Sequence[float], noise_floor: float, prior: float = NO_PRIOR) -> float:
     """The prediction-bound threshold of an entry of these process medians (sample_threshold, with the file's
     typical spread ``prior``): what decides whether their spread can judge a regression at all (too_wide). The
     guard's margin adds what one process can detect (detectable_margin, from the stored in-run widths)."""
@@ -382,7 +389,7 @@ def mean_threshold(
     k: int,
     noise_floor: float,
     m: int = CONFIRM_PROCESSES,
-    prior: float = 0.0,
+    prior: float = NO_PRIOR,
     half_width: float | None = None,
 ) -> float:
     """The threshold (a fraction) for the mean of m new processes against an entry of k >= 2 process medians

@@ -52,6 +52,7 @@ from .policy import (
     HOST_MARGIN,
     MAX_SAMPLES,
     MDE_POWER,
+    NO_PRIOR,
     NOISE_K,
     case_threshold,
     mean_threshold,
@@ -88,8 +89,8 @@ class Policy:
     noise_k: float = NOISE_K  # the threshold is at least noise_k times the stored between-run noise
     # the typical between-process sd of the baseline file's sampled entries (policy.prior_spread): each
     # case's own spread is moderated by it (policy.moderated_spread)
-    prior_spread: float = 0.0
-    prior_ratio_spread: float = 0.0
+    prior_spread: float = NO_PRIOR
+    prior_ratio_spread: float = NO_PRIOR
 
     @property
     def decision_confidence(self) -> float:

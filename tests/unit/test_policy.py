@@ -400,3 +400,17 @@ def test_a_detectable_margin_past_the_wide_limit_widens_nothing() -> None:
     assert got == policy.sample_threshold(0.05, spread, 4, 0.05) < 2.0
     # within the limit it widens
     assert policy.sample_threshold(0.05, 0.02, 4, 0.005, half_width=0.001) > 0.05
+
+
+def test_a_file_whose_processes_read_exactly_alike_still_has_a_typical_spread() -> None:
+    """A typical spread of 0 is a measurement, not its absence: the entry of three processes that read alike
+    is judged at least as tightly as one whose processes differ by 0.1%, and an update can store it. Before,
+    0 meant "no prior": 2 degrees of freedom put its threshold at 49% against 20%, past what an update stores
+    at once (it measured such cases once more). A file with no entry of two processes has none."""
+    margin, floor = 0.05, 0.05
+    alike = policy.medians_threshold(margin, [1000.0] * 3, floor, prior=policy.prior_spread([0.0] * 4))
+    near = [1000.0, 1001.0, 1002.0]
+    apart = policy.medians_threshold(margin, near, floor, prior=policy.prior_spread([policy.log_spread(near)] * 4))
+    assert alike <= apart and not policy.too_wide(alike, 3, margin, floor), (alike, apart)
+    assert math.isnan(policy.prior_spread([]))
+    assert policy.moderated_spread(0.02, 3, policy.prior_spread([])) == (0.02, 2)
