@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pytest_perfguard.judge.baseline import SCHEMA_VERSION
+from pytest_perfguard.measure.visible import cpu_model
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # every test runs the plugin end to end
@@ -314,6 +315,7 @@ def test_perfguard_without_baseline_reports_and_writes_json_and_summary(
     assert fast["tflops"] == pytest.approx(4 * 64 * 16 / 1000e-9 / 1e12, rel=0.05)
     # The whole case (correctness, measurement, checks) in wall time; elapsed_s runs on the injected clock.
     assert fast["case_s"] > fast["checks_s"] > 0
+    assert all(r["device"] == cpu_model() for r in doc["results"])  # what each was timed on (a GPU: its UUID)
     other = next(r for r in doc["results"] if r["id"].endswith("[other-8]"))
     assert other["ratio"] == pytest.approx(2.0, rel=0.05)
     md = summary.read_text()

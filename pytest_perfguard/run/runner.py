@@ -40,7 +40,7 @@ from .caseitem import CaseItem
 from .checks import IntegrityChecks, capture_error
 from .confirm import Confirmation, confirm_faster, confirm_move, confirm_regression
 from .ending import Ending
-from .state import SessionState, device_id
+from .state import SessionState
 from .timed import TimedStep, engine_bindings, note_unchecked_faster, timer_for
 from .watchdog import Deadline, deadline, doing, snapshot
 from .workload import (
@@ -317,7 +317,7 @@ class Runner:
             timed = step.measure_and_judge(trial, record.workload or "", twin, timer)
         m, verdict = timed.m, timed.verdict
         record.notes.extend(timed.notes)
-        record.env = timed.env
+        record.env, record.device = timed.env, step.device
         self._step = None  # what it found is in the record now
         self.timing_s = time.monotonic() - t0
         self.state.timing_spent_s += self.timing_s
@@ -383,7 +383,7 @@ class Runner:
                 group_ratios=[round(x, 6) for x in m.ab_ratios()],
                 groups=m.groups,
             )
-        record.updated, record.device = date.today().isoformat(), device_id(self.state)
+        record.updated = date.today().isoformat()
         record.outcome = Outcome.PASSED
 
     @staticmethod

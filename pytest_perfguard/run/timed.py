@@ -112,6 +112,7 @@ class TimedStep:
         self.env: dict[str, str] | None = None
         self.notes: list[str] = []
         self.measuring = False  # a measurement is taking blocks (for a timeout's message: Runner._where)
+        self.device = device_id(state)  # what the case is judged on, and its record names (state.device_id)
 
     # ------------------------------------------------------------------------- the base revision's twin
 
@@ -350,7 +351,7 @@ class TimedStep:
             max_ratio=trial.max_ratio,
             incomparable=incomparable(stored.env, env) if stored is not None else [],
             disturbances=m.notes,
-            device=device_id(self.state),
+            device=self.device,
         )
         host = self.host
         entry_gate = verdict.gates[0] if verdict.gates else None
